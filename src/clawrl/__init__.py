@@ -1,0 +1,3 @@
+"""clawrl: RL for agent policies through the agent's real harness."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,64 @@
+"""The ``clawrl`` command. Each subcommand lives in its own module with a ``register`` function."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from clawrl import __version__
+from clawrl.cli import doctor, generate
+from clawrl.errors import ClawrlError
+
+DESCRIPTION = """\
+clawrl trains an agent's policy model with reinforcement learning through the agent's real
+harness: it serves the policy behind OpenAI/Anthropic-compatible endpoints, records every call
+token-exactly, judges each turn from what happened next, and trains the policy online.
+
+Start here:
+  clawrl doctor                                   check the machine and the model cache
+  clawrl generate "What is 2+2?"                  answer with the embedded SmolLM2-135M
+  clawrl generate --show-tokens "Hi"              ...and show each token id and log-prob
+"""
+
+_MODULES = [generate, doctor]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with every subcommand registered."""
+    parser = argparse.ArgumentParser(
+        prog="clawrl",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"clawrl {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for mod in _MODULES:
+        mod.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``clawrl`` console script; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except ClawrlError as e:
+        print(f"clawrl {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""``clawrl doctor``: what this machine has, and what clawrl can use."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import platform
+import shutil
+import sys
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "doctor",
+        help="check Python, torch, the model cache, memory and optional backends",
+        description="Print what clawrl finds on this machine. Exits 1 if something required "
+        "is missing (torch, transformers or the embedded model package).",
+    )
+    p.set_defaults(func=run)
+
+
+def _mem() -> str:
+    try:
+        with open("/proc/meminfo") as f:
+            info = dict(line.split(":", 1) for line in f)
+        avail = int(info["MemAvailable"].split()[0]) / 1024**2
+        total = int(info["MemTotal"].split()[0]) / 1024**2
+        return f"{avail:.1f} GiB free of {total:.1f} GiB"
+    except (OSError, KeyError, ValueError):
+        return "unknown"
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from clawrl.models import cache_dir, embedded_gguf_path
+    from clawrl.models.loading import DEFAULT_MODEL
+
+    console = Console()
+    table = Table(title="clawrl doctor", show_header=True)
+    table.add_column("check")
+    table.add_column("status")
+    table.add_column("detail", overflow="fold")
+    ok = True
+
+    def row(name: str, good: bool | None, detail: str) -> None:
+        mark = {True: "[green]ok[/]", False: "[red]missing[/]", None: "[yellow]optional[/]"}
+        table.add_row(name, mark[good], detail)
+
+    row("python", sys.version_info >= (3, 11), f"{platform.python_version()} ({sys.executable})")
+    try:
+        import torch
+
+        threads = torch.get_num_threads()
+        cuda = torch.cuda.is_available()
+        row("torch", True, f"{torch.__version__}; {threads} threads; cuda={cuda}")
+    except ImportError:
+        row("torch", False, "pip install torch==2.13.0 (CPU) or a CUDA build")
+        ok = False
+    for mod in ("transformers", "peft", "gguf", "fastapi", "uvicorn"):
+        spec = importlib.util.find_spec(mod)
+        if spec is None:
+            row(mod, False, "not installed")
+            ok = False
+        else:
+            from importlib.metadata import version
+
+            row(mod, True, version(mod))
+    try:
+        gguf = embedded_gguf_path(DEFAULT_MODEL)
+        row("embedded model", True, f"{gguf} ({gguf.stat().st_size / 1e6:.0f} MB)")
+    except Exception as e:  # report, do not crash: this is a diagnostic
+        row("embedded model", False, str(e))
+        ok = False
+    cache = cache_dir() / "models" / DEFAULT_MODEL
+    converted = (cache / "model.safetensors").is_file()
+    row(
+        "model cache",
+        True if converted else None,
+        f"{cache} ({'converted' if converted else 'converted on first load, ~20 s'})",
+    )
+    row("memory", True, _mem())
+    free = shutil.disk_usage(cache_dir().parent if cache_dir().parent.exists() else "/").free
+    row("disk", True, f"{free / 1e9:.0f} GB free near the cache")
+    row("cpu cores", True, str(os.cpu_count()))
+    for mod, what in (
+        ("vllm", "remote/in-process vLLM"),
+        ("sglang", "SGLang"),
+        ("openai", "SDK"),
+        ("anthropic", "SDK"),
+        ("tensorboard", "metrics"),
+    ):
+        found = importlib.util.find_spec(mod) is not None
+        row(mod, True if found else None, what + ("" if found else " (not installed)"))
+    console.print(table)
+    return 0 if ok else 1

@@ -1,0 +1,598 @@
+"""In-process generation on a transformers causal LM, with continuous batching.
+
+One engine thread owns the model. Requests from any thread or asyncio loop are queued; the
+engine thread admits them between decode steps (prefill, then they join the running batch), so
+a request that arrives while others decode does not wait for them to finish. The running batch
+shares one KV cache, left-padded so that every row ends at the same position: rows join by
+padding the shorter side and leave by index selection, and all-padding columns are trimmed.
+
+Policy versions: :meth:`TransformersEngine.load_policy` queues new weights; the engine stops
+admitting new requests, lets the rows in flight finish on the version they started with, swaps
+the weights between two decode steps, then admits the queued requests on the new version. No
+request is refused during a swap; it waits at most for the rows in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from clawrl.engine.sampling import processed_logprobs, sample_rows
+from clawrl.engine.types import Completion, FinishReason, SamplingParams, TokenEvent
+from clawrl.errors import ContextLengthError, EngineClosedError, EngineError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _GenRequest:
+    prompt_ids: list[int]
+    params: SamplingParams
+    emit: _LoopEmitter
+    max_new: int
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    submitted: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class _ScoreRequest:
+    items: list[tuple[list[int], list[int]]]
+    temperature: float
+    future: concurrent.futures.Future[list[list[float]]]
+
+
+@dataclass
+class _SwapRequest:
+    version: int
+    weights: Any
+    future: concurrent.futures.Future[int]
+
+
+@dataclass
+class _Row:
+    req: _GenRequest
+    version: int
+    generated: list[int] = field(default_factory=list)
+    real_len: int = 0  # tokens in the cache that belong to this row (prompt + generated)
+    generator: torch.Generator | None = None
+    stop_ids: frozenset[int] = frozenset()
+    pending: TokenEvent | None = None  # the event of the token sampled this step
+
+
+@dataclass
+class EngineStats:
+    """Counters for metrics: tokens and requests served, current queue depth and batch size."""
+
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    requests: int = 0
+    queue_depth: int = 0
+    batch_size: int = 0
+    decode_steps: int = 0
+
+
+class TransformersEngine:
+    """Token-level engine on a ``transformers`` causal LM (the default backend).
+
+    Args:
+        model: a causal LM (e.g. ``load_policy(...).model``); the engine puts it in eval mode
+            and owns it from now on (other threads must not run it).
+        eos_token_ids: ids that always end a completion (unless ``ignore_eos``).
+        max_context: the context window in tokens (prompt + completion).
+        max_batch: most rows decoded together.
+        policy_version: version of the initial weights.
+        decode_text: ``ids -> str``, needed only for stop strings (usually ``tokenizer.decode``).
+
+    All public methods are thread-safe; the async ones may be called from any event loop.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        eos_token_ids: Sequence[int],
+        max_context: int,
+        max_batch: int = 32,
+        policy_version: int = 0,
+        decode_text: Callable[[list[int]], str] | None = None,
+    ) -> None:
+        self.model = model.eval()
+        self.eos_token_ids = frozenset(int(i) for i in eos_token_ids)
+        self.max_context = int(max_context)
+        self.max_batch = int(max_batch)
+        self.policy_version = int(policy_version)
+        self.decode_text = decode_text
+        self.stats = EngineStats()
+        self._device = next(model.parameters()).device
+        # transformers >= 5.2x names the KV-cache argument ``cache`` (``past_key_values`` before)
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._inbox: queue.Queue[_GenRequest | _ScoreRequest | _SwapRequest | None] = queue.Queue()
+        self._waiting: list[_GenRequest] = []
+        self._scores: list[_ScoreRequest] = []
+        self._swaps: list[_SwapRequest] = []
+        self._rows: list[_Row] = []
+        self._cache: Any = None  # DynamicCache of the running batch
+        self._mask: torch.Tensor | None = None  # [B, L] 1 = real token, 0 = left padding
+        self._last: torch.Tensor | None = None  # [B] last sampled token of each row
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="clawrl-engine", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ public API
+
+    @classmethod
+    def from_policy(cls, policy: Any, **kwargs: Any) -> TransformersEngine:
+        """Build an engine from a :class:`clawrl.models.Policy` (tokenizer gives EOS ids)."""
+        tok = policy.tokenizer
+        eos = {tok.eos_token_id}
+        gen_eos = getattr(getattr(policy.model, "generation_config", None), "eos_token_id", None)
+        if isinstance(gen_eos, int):
+            eos.add(gen_eos)
+        elif isinstance(gen_eos, list):
+            eos.update(gen_eos)
+        eos.discard(None)
+        kwargs.setdefault("max_context", policy.max_context)
+        kwargs.setdefault("decode_text", lambda ids: tok.decode(ids, skip_special_tokens=False))
+        return cls(policy.model, eos_token_ids=sorted(eos), **kwargs)
+
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
+        """Sample a completion; see :meth:`clawrl.engine.Engine.generate`.
+
+        Raises:
+            ContextLengthError: the prompt leaves no room for a completion.
+            EngineClosedError: the engine was closed.
+            EngineError: the model failed.
+        """
+        start = time.perf_counter()
+        ids: list[int] = []
+        lps: list[float] = []
+        tops: list[list[tuple[int, float]]] = []
+        ttft = 0.0
+        finish = FinishReason.LENGTH
+        version = self.policy_version
+        async for ev in self.generate_stream(prompt_ids, params):
+            if not ids:
+                ttft = time.perf_counter() - start
+            ids.append(ev.token_id)
+            lps.append(ev.logprob)
+            tops.append(ev.top_logprobs)
+            version = ev.policy_version
+            if ev.finish_reason is not None:
+                finish = ev.finish_reason
+        return Completion(
+            token_ids=ids,
+            logprobs=lps,
+            finish_reason=finish,
+            policy_version=version,
+            prompt_tokens=len(prompt_ids),
+            top_logprobs=tops if params.logprobs_top_k else [],
+            stop_string=self._matched_stop(ids, params) if finish == FinishReason.STOP else None,
+            time_to_first_token=ttft,
+            latency=time.perf_counter() - start,
+        )
+
+    async def generate_stream(
+        self, prompt_ids: Sequence[int], params: SamplingParams
+    ) -> AsyncIterator[TokenEvent]:
+        """Yield each sampled token as soon as it exists; the last event has a finish reason.
+
+        Closing the iterator early (e.g. the HTTP client went away) cancels the request: its
+        row leaves the batch at the next step.
+        """
+        req = self._submit_gen(prompt_ids, params, asyncio.get_running_loop())
+        q = req.emit.queue
+        try:
+            while True:
+                item = await q.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finish_reason is not None:
+                    return
+        finally:
+            req.cancelled.set()
+
+    def _submit_gen(
+        self, prompt_ids: Sequence[int], params: SamplingParams, loop: asyncio.AbstractEventLoop
+    ) -> _GenRequest:
+        prompt = [int(i) for i in prompt_ids]
+        if not prompt:
+            raise EngineError("empty prompt: at least one token id is required")
+        if len(prompt) >= self.max_context:
+            raise ContextLengthError(len(prompt), self.max_context)
+        if self._closed:
+            raise EngineClosedError("engine is closed")
+        q: asyncio.Queue[TokenEvent | BaseException] = asyncio.Queue()
+        emit = _LoopEmitter(q, loop)
+        max_new = max(1, min(int(params.max_tokens), self.max_context - len(prompt)))
+        req = _GenRequest(prompt, params, emit, max_new)
+        self._inbox.put(req)
+        return req
+
+    async def score(
+        self, prompt_ids: Sequence[int], target_ids: Sequence[int], *, temperature: float = 1.0
+    ) -> list[float]:
+        """Teacher-forced log-probs of ``target_ids`` (``[t]``) given ``prompt_ids``.
+
+        Uses the same processing as sampling at ``temperature`` (no top-k / top-p), so for a
+        completion sampled at temperature T with top_p = 1 and top_k = 0, ``score`` at T
+        reproduces its sampling log-probs up to float error. Returns ``[t]`` floats (nats).
+        """
+        out = await self.score_batch([(prompt_ids, target_ids)], temperature=temperature)
+        return out[0]
+
+    async def score_batch(
+        self,
+        items: Sequence[tuple[Sequence[int], Sequence[int]]],
+        *,
+        temperature: float = 1.0,
+    ) -> list[list[float]]:
+        """Score several ``(prompt_ids, target_ids)`` pairs in one padded forward pass.
+
+        Raises:
+            ContextLengthError: a pair is longer than the context window.
+        """
+        norm = []
+        for p, t in items:
+            p2, t2 = [int(i) for i in p], [int(i) for i in t]
+            if not p2:
+                raise EngineError("score needs a non-empty prompt")
+            if len(p2) + len(t2) > self.max_context:
+                raise ContextLengthError(len(p2) + len(t2), self.max_context)
+            norm.append((p2, t2))
+        if self._closed:
+            raise EngineClosedError("engine is closed")
+        fut: concurrent.futures.Future[list[list[float]]] = concurrent.futures.Future()
+        self._inbox.put(_ScoreRequest(norm, float(temperature), fut))
+        return await asyncio.wrap_future(fut)
+
+    def load_policy(self, version: int, weights: Any) -> concurrent.futures.Future[int]:
+        """Queue new weights as ``version``; returns a future resolved once they serve.
+
+        Args:
+            version: must be greater than the current version (versions only increase).
+            weights: a full ``state_dict`` (``dict[str, Tensor]``) or the path of a PEFT LoRA
+                adapter directory saved with ``save_pretrained``.
+
+        Raises:
+            ValueError: ``version`` does not increase.
+        """
+        if version <= self.policy_version:
+            raise ValueError(f"policy versions only increase: {version} <= {self.policy_version}")
+        fut: concurrent.futures.Future[int] = concurrent.futures.Future()
+        self._inbox.put(_SwapRequest(int(version), weights, fut))
+        return fut
+
+    def close(self) -> None:
+        """Stop the engine thread; pending and running requests get :class:`EngineClosedError`."""
+        if self._closed:
+            return
+        self._closed = True
+        self._inbox.put(None)
+        self._thread.join(timeout=30)
+
+    # ------------------------------------------------------------------ engine thread
+
+    def _loop(self) -> None:
+        torch.set_grad_enabled(False)
+        while True:
+            idle = not (self._rows or self._waiting or self._scores or self._swaps)
+            try:
+                item = self._inbox.get(timeout=0.5) if idle else self._inbox.get_nowait()
+            except queue.Empty:
+                item = ...
+            while item is not ...:
+                if item is None:
+                    self._shutdown()
+                    return
+                self._accept(item)
+                try:
+                    item = self._inbox.get_nowait()
+                except queue.Empty:
+                    item = ...
+            try:
+                self._step()
+            except Exception as e:  # the model failed: fail the rows, keep serving
+                log.exception("engine step failed")
+                self._fail_all(EngineError(f"engine step failed: {e}"))
+
+    def _accept(self, item: _GenRequest | _ScoreRequest | _SwapRequest) -> None:
+        if isinstance(item, _GenRequest):
+            self._waiting.append(item)
+        elif isinstance(item, _ScoreRequest):
+            self._scores.append(item)
+        else:
+            self._swaps.append(item)
+
+    def _step(self) -> None:
+        self._drop_cancelled()
+        if self._swaps and not self._rows:
+            self._apply_swaps()
+        if self._scores:
+            reqs, self._scores = self._scores, []
+            for r in reqs:
+                self._run_score(r)
+        if not self._swaps:
+            self._admit()
+        self.stats.queue_depth = len(self._waiting)
+        self.stats.batch_size = len(self._rows)
+        if self._rows:
+            self._decode()
+
+    def _drop_cancelled(self) -> None:
+        self._waiting = [r for r in self._waiting if not r.cancelled.is_set()]
+        keep = [i for i, row in enumerate(self._rows) if not row.req.cancelled.is_set()]
+        if len(keep) != len(self._rows):
+            self._select(keep)
+
+    def _admit(self) -> None:
+        while self._waiting and len(self._rows) < self.max_batch:
+            req = self._waiting.pop(0)
+            try:
+                self._prefill(req)
+            except Exception as e:
+                log.exception("prefill failed")
+                req.emit(EngineError(f"prefill failed: {e}"))
+
+    def _prefill(self, req: _GenRequest) -> None:
+        from transformers import DynamicCache
+
+        ids = torch.tensor([req.prompt_ids], dtype=torch.long, device=self._device)
+        cache = DynamicCache(config=self.model.config)
+        out = self.model(input_ids=ids, use_cache=True, **{self._cache_kw: cache})
+        self.stats.prompt_tokens += len(req.prompt_ids)
+        self.stats.requests += 1
+        gen = None
+        if req.params.seed is not None:
+            gen = torch.Generator().manual_seed(int(req.params.seed))
+        stop_ids = frozenset(req.params.stop_token_ids) | (
+            frozenset() if req.params.ignore_eos else self.eos_token_ids
+        )
+        row = _Row(
+            req, self.policy_version, real_len=len(req.prompt_ids), generator=gen, stop_ids=stop_ids
+        )
+        token = self._sample([row], out.logits[:, -1, :])[0]
+        self._merge(row, cache, token)  # the DynamicCache was filled in place
+        self._after_sample([row], [token])
+
+    def _merge(self, row: _Row, cache: Any, token: int) -> None:
+        """Add a prefilled row (batch 1 cache of length P) to the running batch."""
+        p = row.real_len
+        new_layers = [(layer.keys, layer.values) for layer in cache.layers]
+        mask_new = torch.ones(1, p, dtype=torch.long, device=self._device)
+        tok = torch.tensor([token], dtype=torch.long, device=self._device)
+        if self._cache is None or not self._rows:
+            self._cache, self._mask, self._last = cache, mask_new, tok
+            self._rows = [row]
+            return
+        assert self._mask is not None and self._last is not None
+        length = self._mask.shape[1]
+        pad_new, pad_old = max(0, length - p), max(0, p - length)
+        for layer, (k, v) in zip(self._cache.layers, new_layers, strict=True):
+            ok, ov = _left_pad(layer.keys, pad_old), _left_pad(layer.values, pad_old)
+            layer.keys = torch.cat([ok, _left_pad(k, pad_new)], dim=0)
+            layer.values = torch.cat([ov, _left_pad(v, pad_new)], dim=0)
+        self._mask = torch.cat(
+            [_left_pad_2d(self._mask, pad_old), _left_pad_2d(mask_new, pad_new)], dim=0
+        )
+        self._last = torch.cat([self._last, tok])
+        self._rows.append(row)
+
+    def _select(self, keep: list[int]) -> None:
+        """Keep only rows ``keep`` and trim columns that are padding in every remaining row."""
+        self._rows = [self._rows[i] for i in keep]
+        if not self._rows:
+            self._cache = self._mask = self._last = None
+            return
+        assert self._mask is not None and self._last is not None
+        idx = torch.tensor(keep, dtype=torch.long, device=self._device)
+        mask = self._mask.index_select(0, idx)
+        first_real = int((mask.cumsum(dim=1) == 0).sum(dim=1).min())
+        for layer in self._cache.layers:
+            layer.keys = layer.keys.index_select(0, idx)[:, :, first_real:, :]
+            layer.values = layer.values.index_select(0, idx)[:, :, first_real:, :]
+        self._mask = mask[:, first_real:]
+        self._last = self._last.index_select(0, idx)
+
+    def _decode(self) -> None:
+        assert self._mask is not None and self._last is not None
+        rows = self._rows
+        positions = torch.tensor(
+            [[r.real_len] for r in rows], dtype=torch.long, device=self._device
+        )
+        ones = torch.ones(len(rows), 1, dtype=torch.long, device=self._device)
+        mask = torch.cat([self._mask, ones], dim=1)
+        out = self.model(
+            input_ids=self._last[:, None],
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            **{self._cache_kw: self._cache},
+        )
+        self._mask = mask
+        for r in rows:
+            r.real_len += 1
+        self.stats.decode_steps += 1
+        tokens = self._sample(rows, out.logits[:, -1, :])
+        self._last = torch.tensor(tokens, dtype=torch.long, device=self._device)
+        self._after_sample(rows, tokens)
+
+    def _sample(self, rows: list[_Row], logits: torch.Tensor) -> list[int]:
+        params = [r.req.params for r in rows]
+        temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32)
+        top_k = torch.tensor([p.top_k for p in params], dtype=torch.long)
+        top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32)
+        logprobs = processed_logprobs(logits.cpu(), temperature, top_k, top_p)
+        greedy = [p.temperature <= 0 for p in params]
+        tokens = sample_rows(logprobs, greedy, [r.generator for r in rows]).tolist()
+        for i, row in enumerate(rows):
+            tok = tokens[i]
+            k = row.req.params.logprobs_top_k
+            tops: list[tuple[int, float]] = []
+            if k > 0:
+                vals, idx = torch.topk(logprobs[i], min(k, logprobs.shape[-1]))
+                tops = [(int(a), float(b)) for a, b in zip(idx, vals, strict=True)]
+            row.generated.append(tok)
+            row.pending = TokenEvent(tok, float(logprobs[i, tok]), tops, None, row.version)
+        self.stats.generated_tokens += len(rows)
+        return tokens
+
+    def _after_sample(self, rows: list[_Row], tokens: list[int]) -> None:
+        done: list[int] = []
+        for i, (row, tok) in enumerate(zip(rows, tokens, strict=True)):
+            ev = row.pending
+            assert ev is not None
+            finish = None
+            if tok in row.stop_ids or self._matched_stop(row.generated, row.req.params):
+                finish = FinishReason.STOP
+            elif len(row.generated) >= row.req.max_new:
+                finish = FinishReason.LENGTH
+            ev.finish_reason = finish
+            row.req.emit(ev)
+            if finish is not None:
+                done.append(i)
+        if done:
+            rows_now = self._rows
+            drop = {id(rows[i]) for i in done}
+            self._select([j for j, r in enumerate(rows_now) if id(r) not in drop])
+
+    def _matched_stop(self, ids: list[int], params: SamplingParams) -> str | None:
+        if not params.stop or self.decode_text is None or not ids:
+            return None
+        text = self.decode_text(ids)
+        for s in params.stop:
+            if s and s in text:
+                return s
+        return None
+
+    def _run_score(self, req: _ScoreRequest) -> None:
+        try:
+            req.future.set_result(self._score_items(req.items, req.temperature))
+        except Exception as e:
+            req.future.set_exception(EngineError(f"scoring failed: {e}"))
+
+    def _score_items(
+        self, items: list[tuple[list[int], list[int]]], temperature: float
+    ) -> list[list[float]]:
+        seqs = [p + t for p, t in items]
+        length = max(len(s) for s in seqs)
+        pad = 0
+        ids = torch.full((len(seqs), length), pad, dtype=torch.long)
+        mask = torch.zeros((len(seqs), length), dtype=torch.long)
+        for i, s in enumerate(seqs):  # left padding, like the running batch
+            ids[i, length - len(s) :] = torch.tensor(s)
+            mask[i, length - len(s) :] = 1
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        logits = self.model(
+            input_ids=ids.to(self._device),
+            attention_mask=mask.to(self._device),
+            position_ids=positions.to(self._device),
+        ).logits
+        out: list[list[float]] = []
+        for i, (p, t) in enumerate(items):
+            if not t:
+                out.append([])
+                continue
+            start = length - len(seqs[i]) + len(p) - 1
+            rows = logits[i, start : start + len(t)]
+            temp = torch.full((len(t),), float(temperature))
+            lp = processed_logprobs(
+                rows.cpu(), temp, torch.zeros(len(t), dtype=torch.long), torch.ones(len(t))
+            )
+            target = torch.tensor(t, dtype=torch.long)
+            out.append(lp.gather(-1, target[:, None]).squeeze(-1).tolist())
+        return out
+
+    def _apply_swaps(self) -> None:
+        swaps, self._swaps = self._swaps, []
+        for s in swaps:
+            try:
+                if s.version <= self.policy_version:
+                    raise ValueError(f"stale policy version {s.version} <= {self.policy_version}")
+                self._load_weights(s.weights)
+                self.policy_version = s.version
+                s.future.set_result(s.version)
+            except Exception as e:
+                log.exception("policy swap to version %s failed", s.version)
+                s.future.set_exception(e)
+
+    def _load_weights(self, weights: Any) -> None:
+        if isinstance(weights, dict):
+            result = self.model.load_state_dict(weights, strict=False)
+            if result.missing_keys or result.unexpected_keys:
+                raise ValueError(
+                    f"weights do not match the model: missing {result.missing_keys[:10]}, "
+                    f"unexpected {result.unexpected_keys[:10]}"
+                )
+            return
+        path = Path(weights)
+        if not (path / "adapter_config.json").is_file():
+            raise ValueError(f"{path} is neither a state dict nor a PEFT adapter directory")
+        from peft import PeftModel
+
+        name = f"v{self.policy_version + 1}_{time.monotonic_ns()}"
+        if isinstance(self.model, PeftModel):
+            old = self.model.active_adapter
+            self.model.load_adapter(str(path), adapter_name=name)
+            self.model.set_adapter(name)
+            if isinstance(old, str) and old != name:
+                self.model.delete_adapter(old)
+        else:
+            self.model = PeftModel.from_pretrained(self.model, str(path), adapter_name=name)
+        self.model.eval()
+
+    def _fail_all(self, err: BaseException) -> None:
+        for row in self._rows:
+            row.req.emit(err)
+        for req in self._waiting:
+            req.emit(err)
+        self._rows, self._waiting = [], []
+        self._cache = self._mask = self._last = None
+
+    def _shutdown(self) -> None:
+        err = EngineClosedError("engine closed")
+        self._fail_all(err)
+        for s in self._scores:
+            s.future.set_exception(err)
+        for w in self._swaps:
+            w.future.set_exception(err)
+
+
+class _LoopEmitter:
+    """Delivers engine events to an asyncio queue from the engine thread."""
+
+    def __init__(
+        self, q: asyncio.Queue[TokenEvent | BaseException], loop: asyncio.AbstractEventLoop
+    ) -> None:
+        self.queue = q
+        self._loop = loop
+
+    def __call__(self, item: TokenEvent | BaseException) -> None:
+        if not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+def _left_pad(x: torch.Tensor, n: int) -> torch.Tensor:
+    """Left-pad a ``[B, H, L, D]`` cache tensor with ``n`` zero columns along L."""
+    if n <= 0:
+        return x
+    pad = torch.zeros(x.shape[0], x.shape[1], n, x.shape[3], dtype=x.dtype, device=x.device)
+    return torch.cat([pad, x], dim=2)
+
+
+def _left_pad_2d(x: torch.Tensor, n: int) -> torch.Tensor:
+    if n <= 0:
+        return x
+    return torch.cat([torch.zeros(x.shape[0], n, dtype=x.dtype, device=x.device), x], dim=1)
