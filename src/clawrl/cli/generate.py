@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         table.add_column("piece")
         table.add_column("logprob", justify="right")
         for i, ev in enumerate(events):
-            piece = tok.convert_ids_to_tokens(ev.token_id)
+            piece = tok.decode([ev.token_id], skip_special_tokens=False)
             table.add_row(str(i), str(ev.token_id), repr(piece), f"{ev.logprob:.4f}")
         Console().print(table)
         finish = events[-1].finish_reason if events else None
