@@ -1,0 +1,497 @@
+"""The SQLite trajectory store.
+
+Durability: WAL journal with ``synchronous=FULL``: every write transaction is fsynced to the WAL
+before its method returns, so what the gateway acknowledged (it records a turn before sending
+the HTTP response) survives ``kill -9`` of the server and also an OS crash or power loss.
+(``NORMAL`` would already survive ``kill -9``, since the WAL's writes sit in the OS page cache,
+but not a power loss; one fsync per recorded turn is cheap next to generating it.)
+
+Threads: every method is blocking and thread-safe; from asyncio call it in a worker thread
+(``await asyncio.to_thread(store.record_turn, turn)``). Each thread gets its own connection (created on first use, closed by
+:meth:`Store.close`), so reads run concurrently under WAL; writes are serialized by one lock per
+``Store`` and run as short ``BEGIN IMMEDIATE`` transactions. Other processes (the CLI, a trainer)
+may open the same file; SQLite's busy timeout (``timeout_s``) arbitrates between them.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from clawrl.errors import StoreError
+from clawrl.store.codec import encode_ids, ids_digest, prefix_digests
+from clawrl.store.migrations import migrate
+from clawrl.store.rows import (
+    TURN_FIELDS,
+    feedback_to_row,
+    insert_sql,
+    row_to_feedback,
+    row_to_session,
+    row_to_turn,
+    session_to_row,
+    turn_to_row,
+)
+from clawrl.store.types import (
+    FeedbackRecord,
+    SessionRecord,
+    SessionSource,
+    SessionSummary,
+    TurnRecord,
+    new_id,
+)
+
+_IMMUTABLE_TURN_FIELDS = frozenset({"id", "session_id", "created_at"})
+_SQL_CHUNK = 500  # bound on host parameters per IN (...) list
+
+
+class Store:
+    """A durable, thread-safe store of sessions, turns and feedback in one SQLite file.
+
+    Use as a context manager (``with Store(path) as store: ...``) or call :meth:`close`.
+
+    Args:
+        path: the database file; parent directories are created. ``:memory:`` is refused
+            (each thread would see its own empty database).
+        timeout_s: how long a write waits for another process's lock before failing.
+
+    Raises:
+        StoreError: the file cannot be opened, is not SQLite, cannot use WAL, or has a schema
+            newer than this code.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, timeout_s: float = 30.0) -> None:
+        if str(path) == ":memory:" or str(path).startswith("file::memory:"):
+            raise StoreError("the store needs a file path (':memory:' is per-connection)")
+        self.path = Path(path)
+        self.timeout_s = timeout_s
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot create the directory {self.path.parent}: {exc}") from exc
+        self._local = threading.local()
+        self._conns: dict[threading.Thread, sqlite3.Connection] = {}
+        self._conns_lock = threading.Lock()
+        self._write_lock = threading.Lock()
+        self._closed = False
+        self.schema_version = migrate(self._conn())
+
+    # -- connections -------------------------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            conn = sqlite3.connect(
+                self.path, timeout=self.timeout_s, isolation_level=None, check_same_thread=False
+            )
+            conn.row_factory = sqlite3.Row
+            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                conn.close()
+                raise StoreError(f"{self.path}: WAL journal mode unavailable (got {mode!r})")
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            conn.execute(f"PRAGMA busy_timeout={int(self.timeout_s * 1000)}")
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open the store {self.path}: {exc}") from exc
+        return conn
+
+    def _conn(self) -> sqlite3.Connection:
+        if self._closed:
+            raise StoreError("the store is closed")
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is not None:
+            return conn
+        conn = self._connect()
+        with self._conns_lock:
+            # Close connections of threads that have ended (e.g. a recycled worker pool).
+            for thread in [t for t in self._conns if not t.is_alive()]:
+                self._conns.pop(thread).close()
+            self._conns[threading.current_thread()] = conn
+        self._local.conn = conn
+        return conn
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One short write transaction, committed (and fsynced) on exit."""
+        conn = self._conn()
+        with self._write_lock:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise StoreError(f"cannot start a write transaction: {exc}") from exc
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException as exc:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.Error):
+                    raise StoreError(f"store write failed: {exc}") from exc
+                raise
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        conn = self._conn()
+        try:
+            yield conn
+        except sqlite3.Error as exc:
+            raise StoreError(f"store read failed: {exc}") from exc
+
+    def close(self) -> None:
+        """Close every connection this store opened (idempotent)."""
+        with self._conns_lock:
+            self._closed = True
+            for conn in self._conns.values():
+                conn.close()
+            self._conns.clear()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- sessions ------------------------------------------------------------------------------
+
+    def new_session(
+        self,
+        source: SessionSource = SessionSource.INFERRED,
+        *,
+        client: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        session_id: str | None = None,
+        created_at: float | None = None,
+    ) -> SessionRecord:
+        """Create a session (``session_id`` defaults to a uuid4 hex).
+
+        Raises:
+            StoreError: the id exists already, or a field is invalid.
+        """
+        session = SessionRecord(
+            id=new_id() if session_id is None else session_id,
+            source=source,
+            created_at=time.time() if created_at is None else created_at,
+            client=client,
+            metadata=dict(metadata or {}),
+        )
+        row = session_to_row(session)
+        with self._write() as conn:
+            conn.execute(insert_sql("sessions", list(row)), row)
+        return session
+
+    def get_or_create_session(
+        self,
+        session_id: str,
+        source: SessionSource,
+        client: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> SessionRecord:
+        """The session ``session_id``, created with ``source``/``client``/``metadata`` if new.
+
+        Atomic under concurrent callers (one of them creates it, all get the same record);
+        an existing session keeps its original source, client and metadata.
+        """
+        session = SessionRecord(
+            id=session_id,
+            source=source,
+            created_at=time.time(),
+            client=client,
+            metadata=dict(metadata or {}),
+        )
+        row = session_to_row(session)
+        with self._write() as conn:
+            conn.execute(insert_sql("sessions", list(row), or_ignore=True), row)
+            found = conn.execute("SELECT * FROM sessions WHERE id = ?", (session_id,)).fetchone()
+        return row_to_session(found)
+
+    def get_session(self, session_id: str) -> SessionRecord | None:
+        """The session, or ``None`` when unknown."""
+        with self._read() as conn:
+            row = conn.execute("SELECT * FROM sessions WHERE id = ?", (session_id,)).fetchone()
+        return None if row is None else row_to_session(row)
+
+    def end_session(self, session_id: str, ended_at: float | None = None) -> None:
+        """Mark the session ended (``find_extendable_turns`` then ignores it). Idempotent: an
+        ended session keeps its first end time.
+
+        Raises:
+            StoreError: the session does not exist.
+        """
+        when = time.time() if ended_at is None else ended_at
+        with self._write() as conn:
+            cur = conn.execute(
+                "UPDATE sessions SET ended_at = COALESCE(ended_at, ?) WHERE id = ?",
+                (when, session_id),
+            )
+            if cur.rowcount == 0:
+                raise StoreError(f"unknown session {session_id!r}")
+
+    def list_sessions(self, limit: int = 50, offset: int = 0) -> list[SessionSummary]:
+        """Sessions with counts, most recently created first."""
+        sql = """
+        SELECT s.*,
+            COUNT(t.id) AS n_turns,
+            COALESCE(SUM(t.trainable = 1 AND t.status = 'ok'), 0) AS n_trainable,
+            COALESCE(SUM(t.kind = 'side'), 0) AS n_side,
+            COALESCE(SUM(t.status != 'ok'), 0) AS n_failed,
+            COALESCE(SUM(t.prompt_len), 0) AS n_prompt,
+            COALESCE(SUM(t.completion_len), 0) AS n_completion,
+            MAX(t.created_at) AS last_turn_at,
+            (SELECT COUNT(*) FROM feedback f WHERE f.session_id = s.id) AS n_feedback
+        FROM (SELECT * FROM sessions ORDER BY created_at DESC, rowid DESC LIMIT ? OFFSET ?) s
+        LEFT JOIN turns t ON t.session_id = s.id
+        GROUP BY s.id
+        ORDER BY s.created_at DESC, s.rowid DESC
+        """
+        with self._read() as conn:
+            rows = conn.execute(sql, (int(limit), int(offset))).fetchall()
+        return [
+            SessionSummary(
+                session=row_to_session(r),
+                turns=r["n_turns"],
+                trainable_turns=r["n_trainable"],
+                side_turns=r["n_side"],
+                failed_turns=r["n_failed"],
+                feedback=r["n_feedback"],
+                prompt_tokens=r["n_prompt"],
+                completion_tokens=r["n_completion"],
+                last_turn_at=r["last_turn_at"],
+            )
+            for r in rows
+        ]
+
+    def session_ids(self) -> list[str]:
+        """Every session id, oldest first."""
+        with self._read() as conn:
+            return [
+                r[0] for r in conn.execute("SELECT id FROM sessions ORDER BY created_at, rowid")
+            ]
+
+    # -- turns ---------------------------------------------------------------------------------
+
+    def record_turn(self, turn: TurnRecord) -> str:
+        """Insert ``turn`` durably (committed and fsynced on return) and return its id.
+
+        ``output_hash`` is computed from ``output`` when ``None`` (and set on ``turn``).
+
+        Raises:
+            StoreError: the session does not exist, the id is taken, or a field is invalid.
+        """
+        row = turn_to_row(turn)
+        with self._write() as conn:
+            conn.execute(insert_sql("turns", list(row)), row)
+        turn.output_hash = row["output_hash"]
+        return turn.id
+
+    def update_turn(self, turn_id: str, **changes: Any) -> TurnRecord:
+        """Change fields of a recorded turn (e.g. ``status=TurnStatus.INCOMPLETE``) and return it.
+
+        Any :class:`TurnRecord` field but ``id``, ``session_id`` and ``created_at`` may change;
+        derived columns are recomputed, and ``output_hash`` too when ``output`` changes
+        without it.
+
+        Raises:
+            StoreError: unknown turn, unknown or immutable field, or an invalid value.
+        """
+        bad = set(changes) - (set(TURN_FIELDS) - _IMMUTABLE_TURN_FIELDS)
+        if bad:
+            raise StoreError(f"cannot update turn field(s) {sorted(bad)}")
+        if "output" in changes and "output_hash" not in changes:
+            changes["output_hash"] = None
+        with self._write() as conn:
+            found = conn.execute("SELECT * FROM turns WHERE id = ?", (turn_id,)).fetchone()
+            if found is None:
+                raise StoreError(f"unknown turn {turn_id!r}")
+            turn = replace(row_to_turn(found), **changes)
+            row = turn_to_row(turn)
+            turn.output_hash = row["output_hash"]
+            sets = ", ".join(f"{c} = :{c}" for c in row if c != "id")
+            conn.execute(f"UPDATE turns SET {sets} WHERE id = :id", row)
+        return turn
+
+    def get_turn(self, turn_id: str) -> TurnRecord | None:
+        """The turn, or ``None`` when unknown."""
+        with self._read() as conn:
+            row = conn.execute("SELECT * FROM turns WHERE id = ?", (turn_id,)).fetchone()
+        return None if row is None else row_to_turn(row)
+
+    def session_turns(self, session_id: str) -> list[TurnRecord]:
+        """The session's turns ordered by ``created_at`` (then insertion order)."""
+        with self._read() as conn:
+            rows = conn.execute(
+                "SELECT * FROM turns WHERE session_id = ? ORDER BY created_at, rowid",
+                (session_id,),
+            ).fetchall()
+        return [row_to_turn(r) for r in rows]
+
+    def find_turns_by_output_hash(
+        self, output_hash: str, session_id: str | None = None, limit: int = 20
+    ) -> list[TurnRecord]:
+        """Turns whose recorded output hashes to ``output_hash`` (any status), newest first.
+
+        The gateway uses this to splice a turn's exact completion ids when a history
+        assistant message matches (:func:`clawrl.store.output_hash`).
+        """
+        sql = "SELECT * FROM turns WHERE output_hash = ?"
+        params: list[Any] = [output_hash]
+        if session_id is not None:
+            sql += " AND session_id = ?"
+            params.append(session_id)
+        sql += " ORDER BY created_at DESC, rowid DESC LIMIT ?"
+        params.append(int(limit))
+        with self._read() as conn:
+            rows = conn.execute(sql, params).fetchall()
+        return [row_to_turn(r) for r in rows]
+
+    def find_turns_by_prompt(
+        self,
+        prompt_ids: Sequence[int],
+        *,
+        session_id: str | None = None,
+        since_s: float | None = None,
+        limit: int = 20,
+        now: float | None = None,
+    ) -> list[TurnRecord]:
+        """Turns whose ``prompt_ids`` equal ``prompt_ids`` exactly (retries, ``n > 1`` choices),
+        newest first; looked up by the indexed prompt digest and verified id by id.
+
+        Args:
+            since_s: only turns created within this many seconds before ``now``.
+        """
+        sql = "SELECT * FROM turns WHERE prompt_hash = ?"
+        params: list[Any] = [ids_digest(prompt_ids)]
+        if session_id is not None:
+            sql += " AND session_id = ?"
+            params.append(session_id)
+        if since_s is not None:
+            sql += " AND created_at >= ?"
+            params.append((time.time() if now is None else now) - since_s)
+        sql += " ORDER BY created_at DESC, rowid DESC LIMIT ?"
+        params.append(int(limit))
+        want = encode_ids(prompt_ids)
+        with self._read() as conn:
+            rows = conn.execute(sql, params).fetchall()
+        return [row_to_turn(r) for r in rows if bytes(r["prompt_ids"]) == want]
+
+    def find_extendable_turns(
+        self,
+        prompt_ids: Sequence[int],
+        since_s: float | None = 3600.0,
+        limit: int = 20,
+        *,
+        now: float | None = None,
+    ) -> list[TurnRecord]:
+        """Turns of open sessions whose ``prompt_ids + completion_ids`` is a prefix of
+        ``prompt_ids`` (equal length included), longest first, newest first among equals.
+
+        For session inference: the best match is the call this prompt continues. A retry of a
+        failed call (no completion ids) matches the failed call itself.
+
+        Method (exact, not approximate): each turn stores ``seq_len`` and ``seq_hash``
+        (sha256 of its int32 ids). (1) read the distinct ``seq_len`` values of recent open
+        turns that are ``<= len(prompt_ids)``; (2) hash ``prompt_ids[:m]`` for each such ``m``
+        in one pass; (3) fetch turns by the indexed ``seq_hash``; (4) keep only those whose
+        stored ids equal ``prompt_ids[:seq_len]`` token for token.
+
+        Args:
+            prompt_ids: the new call's prompt, shape ``[p]``.
+            since_s: only turns created within this many seconds before ``now`` (``None``:
+                all; sessions are rarely ended, so an unbounded search grows with the file).
+            limit: most turns returned.
+        """
+        n = len(prompt_ids)
+        where = "s.ended_at IS NULL AND t.seq_len <= ?"
+        params: list[Any] = [n]
+        if since_s is not None:
+            where += " AND t.created_at >= ?"
+            params.append((time.time() if now is None else now) - since_s)
+        join = "FROM turns t JOIN sessions s ON s.id = t.session_id"
+        with self._read() as conn:
+            lengths = [
+                r[0]
+                for r in conn.execute(f"SELECT DISTINCT t.seq_len {join} WHERE {where}", params)
+            ]
+            if not lengths:
+                return []
+            digests = prefix_digests(prompt_ids, lengths)
+            want = encode_ids(prompt_ids)
+            found: list[sqlite3.Row] = []
+            values = list(digests.values())
+            for start in range(0, len(values), _SQL_CHUNK):
+                chunk = values[start : start + _SQL_CHUNK]
+                marks = ", ".join("?" * len(chunk))
+                found += conn.execute(
+                    f"SELECT t.*, t.rowid AS row_order {join} WHERE {where} AND t.seq_hash IN ({marks})",
+                    [*params, *chunk],
+                ).fetchall()
+        matches = []
+        for row in found:
+            seq = bytes(row["prompt_ids"]) + bytes(row["completion_ids"])
+            if want[: len(seq)] == seq:  # verify: equal ids, not just equal digests
+                matches.append(row)
+        matches.sort(key=lambda r: (-r["seq_len"], -r["created_at"], -r["row_order"]))
+        return [row_to_turn(r) for r in matches[:limit]]
+
+    # -- feedback ------------------------------------------------------------------------------
+
+    def add_feedback(
+        self,
+        reward: float,
+        *,
+        turn_id: str | None = None,
+        session_id: str | None = None,
+        comment: str | None = None,
+        created_at: float | None = None,
+    ) -> FeedbackRecord:
+        """Record explicit feedback on a turn or a session (``reward`` in [-1, 1]).
+
+        With only ``turn_id``, ``session_id`` is filled from the turn.
+
+        Raises:
+            StoreError: reward out of range, neither id given, unknown turn or session, or
+                a turn that is not in the given session.
+        """
+        fb = FeedbackRecord(
+            reward=reward,
+            turn_id=turn_id,
+            session_id=session_id,
+            comment=comment,
+            created_at=time.time() if created_at is None else created_at,
+        )
+        row = feedback_to_row(fb)
+        with self._write() as conn:
+            if turn_id is not None:
+                found = conn.execute(
+                    "SELECT session_id FROM turns WHERE id = ?", (turn_id,)
+                ).fetchone()
+                if found is None:
+                    raise StoreError(f"unknown turn {turn_id!r}")
+                if session_id is not None and session_id != found[0]:
+                    raise StoreError(f"turn {turn_id!r} is not in session {session_id!r}")
+                fb.session_id = row["session_id"] = found[0]
+            conn.execute(insert_sql("feedback", list(row)), row)
+        return fb
+
+    def feedback_for(
+        self, *, turn_id: str | None = None, session_id: str | None = None
+    ) -> list[FeedbackRecord]:
+        """Feedback rows, oldest first: for a turn (``turn_id``), or every row of a session,
+        turn-level and session-level (``session_id``).
+
+        Raises:
+            StoreError: neither or both ids given.
+        """
+        if (turn_id is None) == (session_id is None):
+            raise StoreError("feedback_for takes exactly one of turn_id, session_id")
+        column, value = ("turn_id", turn_id) if turn_id is not None else ("session_id", session_id)
+        with self._read() as conn:
+            rows = conn.execute(
+                f"SELECT * FROM feedback WHERE {column} = ? ORDER BY created_at, rowid", (value,)
+            ).fetchall()
+        return [row_to_feedback(r) for r in rows]

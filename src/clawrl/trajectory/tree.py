@@ -1,0 +1,281 @@
+"""Linking a session's turns into a prefix tree by token ids.
+
+Parent rule: a turn's parent is the earlier turn (in ``created_at`` order) with a non-empty
+completion whose ``prompt_ids + completion_ids`` is the *longest* prefix of this turn's
+``prompt_ids``; among equally long matches, the gateway's ``parent_turn_id`` hint wins if it is
+one of them, else the most recent. Links are verified id by id (digests only find candidates),
+so mismatched ids are never spliced: a turn with no such prefix (first call, history edited,
+reasoning stripped by the template, compaction, a subagent with its own system prompt, a side
+call) is a *root*. A retry with the same prompt as an earlier turn gets the same parent, i.e.
+becomes its *sibling*.
+
+Segments: roots in creation order get segment numbers 0, 1, ...; a root whose prompt equals an
+earlier root's prompt (a retry of a first call) is that root's sibling and shares its segment.
+Every other node has its root's segment.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from clawrl.errors import StoreError
+from clawrl.store import (
+    FeedbackRecord,
+    Store,
+    TurnKind,
+    TurnRecord,
+    TurnStatus,
+    UntrainableReason,
+    encode_ids,
+    ids_digest,
+    prefix_digests,
+)
+
+
+class RootReason(StrEnum):
+    """Why a turn is a root of the tree."""
+
+    FIRST = "first"  # no earlier turn in the session
+    RETRY = "retry_of_root"  # same prompt as an earlier root: its sibling, same segment
+    NO_PREFIX_MATCH = "no_prefix_match"  # earlier turns exist, none is a prefix: new segment
+
+
+class HintCheck(StrEnum):
+    """How the gateway's ``parent_turn_id`` hint compares with the id-verified parent."""
+
+    NONE = "none"  # no hint
+    CONFIRMED = "confirmed"  # the hint is the parent
+    REJECTED = "rejected"  # the ids say otherwise (or the hint is not in the session)
+
+
+_STATUS_REASONS = {
+    TurnStatus.INCOMPLETE: UntrainableReason.INCOMPLETE,
+    TurnStatus.ERROR: UntrainableReason.ERROR,
+    TurnStatus.PENDING: UntrainableReason.PENDING,
+}
+
+
+def untrainable_reason(turn: TurnRecord) -> str | None:
+    """Why ``turn``'s sampled tokens must not be trained on, or ``None`` when they may be.
+
+    In order: a non-ok status; ``trainable=False`` (its recorded reason, else
+    ``marked_untrainable``); no completion ids; log-probs not aligned with the ids.
+    """
+    if turn.status in _STATUS_REASONS:
+        return _STATUS_REASONS[TurnStatus(turn.status)]
+    if not turn.trainable:
+        return turn.untrainable_reason or UntrainableReason.MARKED_UNTRAINABLE
+    if not turn.completion_ids:
+        return UntrainableReason.NO_COMPLETION
+    if len(turn.sampling_logprobs) != len(turn.completion_ids):
+        return UntrainableReason.LOGPROBS_MISMATCH
+    return None
+
+
+@dataclass
+class TreeNode:
+    """One turn in the tree.
+
+    Attributes:
+        turn: the stored turn.
+        parent_id: the id-verified parent, ``None`` for a root.
+        children: child turn ids in creation order.
+        segment: the segment (root group) it belongs to.
+        depth: 0 for roots.
+        untrainable_reason: see :func:`untrainable_reason` (``None``: trainable).
+        root_reason: for roots, why (``None`` for other nodes).
+        hint: how the gateway's ``parent_turn_id`` compared.
+    """
+
+    turn: TurnRecord
+    parent_id: str | None
+    segment: int
+    depth: int
+    untrainable_reason: str | None
+    root_reason: RootReason | None = None
+    hint: HintCheck = HintCheck.NONE
+    children: list[str] = field(default_factory=list)
+
+    @property
+    def id(self) -> str:
+        return self.turn.id
+
+    @property
+    def trainable(self) -> bool:
+        return self.untrainable_reason is None
+
+
+@dataclass
+class SessionTree:
+    """A session's turns as a forest of prefix trees, plus the session's feedback.
+
+    Attributes:
+        session_id: the session (``None`` when built from turns without a common session).
+        nodes: every node by turn id, in creation order.
+        roots: root turn ids in creation order.
+        feedback: the session's feedback rows (turn-level and session-level), oldest first.
+    """
+
+    session_id: str | None
+    nodes: dict[str, TreeNode]
+    roots: list[str]
+    feedback: list[FeedbackRecord] = field(default_factory=list)
+
+    def node(self, turn_id: str) -> TreeNode:
+        """The node of ``turn_id``; raises ``KeyError`` when it is not in the tree."""
+        return self.nodes[turn_id]
+
+    def path(self, turn_id: str) -> list[str]:
+        """Turn ids from the root down to ``turn_id`` (inclusive)."""
+        out = [turn_id]
+        while (parent := self.nodes[out[-1]].parent_id) is not None:
+            out.append(parent)
+        return out[::-1]
+
+    def next_child(self, turn_id: str) -> str | None:
+        """The child whose prompt is ``turn_id``'s next state: the first (by creation) child
+        with status ok and kind main, else the first ok child, else the first child."""
+        children = [self.nodes[c].turn for c in self.nodes[turn_id].children]
+        for ok in (
+            lambda t: t.status == TurnStatus.OK and t.kind == TurnKind.MAIN,
+            lambda t: t.status == TurnStatus.OK,
+            lambda t: True,
+        ):
+            for child in children:
+                if ok(child):
+                    return child.id
+        return None
+
+    def ordered_children(self, turn_id: str) -> list[str]:
+        """Children with :meth:`next_child` first, then the others in creation order."""
+        children = self.nodes[turn_id].children
+        first = self.next_child(turn_id)
+        return [] if first is None else [first, *(c for c in children if c != first)]
+
+    def leaves(self) -> list[str]:
+        """Leaf turn ids in depth-first order: roots by creation, :meth:`ordered_children`."""
+        out: list[str] = []
+        stack = list(reversed(self.roots))
+        while stack:
+            turn_id = stack.pop()
+            children = self.ordered_children(turn_id)
+            if not children:
+                out.append(turn_id)
+            stack.extend(reversed(children))
+        return out
+
+    def segments(self) -> dict[int, list[str]]:
+        """Root turn ids by segment number."""
+        out: dict[int, list[str]] = {}
+        for root in self.roots:
+            out.setdefault(self.nodes[root].segment, []).append(root)
+        return out
+
+    def turn_feedback(self, turn_id: str) -> list[FeedbackRecord]:
+        """Feedback rows about ``turn_id``."""
+        return [f for f in self.feedback if f.turn_id == turn_id]
+
+    def session_feedback(self) -> list[FeedbackRecord]:
+        """Session-level feedback rows (no turn)."""
+        return [f for f in self.feedback if f.turn_id is None]
+
+    def reason_counts(self) -> dict[str, int]:
+        """Untrainable turns counted by reason, keyed ``untrainable/<reason>``."""
+        counts = Counter(
+            f"untrainable/{n.untrainable_reason}"
+            for n in self.nodes.values()
+            if n.untrainable_reason is not None
+        )
+        return dict(sorted(counts.items()))
+
+
+def build_tree(
+    turns: Sequence[TurnRecord],
+    feedback: Iterable[FeedbackRecord] = (),
+    session_id: str | None = None,
+) -> SessionTree:
+    """Link ``turns`` (one session's) into a :class:`SessionTree`; see the module docstring.
+
+    Turns are ordered by ``created_at`` (stable for ties). Cost: one sha256 pass per prompt
+    plus one digest per distinct earlier sequence length, and one byte comparison per
+    candidate.
+    """
+    order = sorted(turns, key=lambda t: t.created_at)
+    if session_id is None and order and all(t.session_id == order[0].session_id for t in order):
+        session_id = order[0].session_id
+    nodes: dict[str, TreeNode] = {}
+    roots: list[str] = []
+    root_segments: dict[str, int] = {}  # prompt digest of a root -> its segment
+    by_seq: dict[str, list[TurnRecord]] = {}  # seq digest -> earlier turns, creation order
+    lengths: set[int] = set()
+    encoded: dict[str, bytes] = {}
+    next_segment = 0
+    for turn in order:
+        prompt_bytes = encode_ids(turn.prompt_ids)
+        parent = _find_parent(turn, prompt_bytes, by_seq, lengths, encoded)
+        reason = untrainable_reason(turn)
+        hint = HintCheck.NONE
+        if turn.parent_turn_id is not None:
+            hint = HintCheck.CONFIRMED if parent == turn.parent_turn_id else HintCheck.REJECTED
+        if parent is None:
+            digest = ids_digest(turn.prompt_ids)
+            if digest in root_segments:
+                segment, root_reason = root_segments[digest], RootReason.RETRY
+            else:
+                segment, next_segment = next_segment, next_segment + 1
+                root_segments[digest] = segment
+                root_reason = RootReason.NO_PREFIX_MATCH if nodes else RootReason.FIRST
+            node = TreeNode(turn, None, segment, 0, reason, root_reason, hint)
+            roots.append(turn.id)
+        else:
+            up = nodes[parent]
+            node = TreeNode(turn, parent, up.segment, up.depth + 1, reason, None, hint)
+            up.children.append(turn.id)
+        nodes[turn.id] = node
+        if turn.completion_ids:
+            seq_bytes = prompt_bytes + encode_ids(turn.completion_ids)
+            encoded[turn.id] = seq_bytes
+            seq = [*turn.prompt_ids, *turn.completion_ids]
+            by_seq.setdefault(ids_digest(seq), []).append(turn)
+            lengths.add(len(seq))
+    return SessionTree(session_id, nodes, roots, list(feedback))
+
+
+def _find_parent(
+    turn: TurnRecord,
+    prompt_bytes: bytes,
+    by_seq: dict[str, list[TurnRecord]],
+    lengths: set[int],
+    encoded: dict[str, bytes],
+) -> str | None:
+    usable = [m for m in lengths if m <= len(turn.prompt_ids)]
+    if not usable:
+        return None
+    digests = prefix_digests(turn.prompt_ids, usable)
+    for m in sorted(usable, reverse=True):
+        verified = [
+            t.id
+            for t in by_seq.get(digests[m], ())
+            if prompt_bytes[: 4 * m] == encoded[t.id]  # exact ids, not just digests
+        ]
+        if verified:
+            if turn.parent_turn_id in verified:
+                return turn.parent_turn_id
+            return verified[-1]  # most recent
+    return None
+
+
+def load_tree(store: Store, session_id: str) -> SessionTree:
+    """:func:`build_tree` over a stored session's turns and feedback.
+
+    Raises:
+        StoreError: the session does not exist.
+    """
+    if store.get_session(session_id) is None:
+        raise StoreError(f"unknown session {session_id!r}")
+    return build_tree(
+        store.session_turns(session_id), store.feedback_for(session_id=session_id), session_id
+    )

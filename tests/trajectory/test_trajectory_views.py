@@ -1,0 +1,107 @@
+"""What the CLI shows and exports: session table, session tree, JSONL export."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from clawrl.errors import StoreError
+from clawrl.store import SessionSource, Store, TurnRecord, TurnStatus
+from clawrl.trajectory import EXPORT_VERSION, export_jsonl, format_session, list_sessions_table
+
+
+def _render(renderable) -> str:
+    console = Console(record=True, width=220, color_system=None)
+    console.print(renderable)
+    return console.export_text()
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    with Store(tmp_path / "clawrl.db") as s:
+        s.get_or_create_session("sess-1", SessionSource.HEADER, "claude-code")
+        p = [1, 2, 3]
+        t1 = TurnRecord(
+            "sess-1",
+            p,
+            [4, 5],
+            [-0.5, -0.25],
+            id="turn-aaa1",
+            finish_reason="stop",
+            request_messages=[{"role": "user", "content": "hi"}],
+            created_at=1.0,
+        )
+        err = TurnRecord(
+            "sess-1", [*t1.seq_ids, 6], id="turn-err1", status=TurnStatus.ERROR, created_at=2.0
+        )
+        t2 = TurnRecord(
+            "sess-1",
+            [*t1.seq_ids, 6],
+            [7],
+            [-1.0],
+            id="turn-bbb2",
+            policy_version=2,
+            request_messages=[
+                {"role": "user", "content": "hi"},
+                {"role": "assistant"},
+                {"role": "tool", "content": "file listing\nwith lines"},
+            ],
+            created_at=3.0,
+        )
+        for t in (t1, err, t2):
+            s.record_turn(t)
+        s.add_feedback(1.0, session_id="sess-1", comment="solved")
+        s.new_session(SessionSource.INFERRED, session_id="sess-2", client=None)
+        yield s
+
+
+def test_list_sessions_table(store: Store) -> None:
+    text = _render(list_sessions_table(store))
+    assert "sess-1" in text and "sess-2" in text and "claude-code" in text
+    line = next(x for x in text.splitlines() if "sess-1" in x)
+    assert " 3 " in line and " 2 " in line and "15/3" in line  # turns, trainable, tokens
+
+
+def test_format_session(store: Store) -> None:
+    text = _render(format_session(store, "sess-1"))
+    assert "session sess-1" in text and "3 turns, 2 trainable, 1 segment(s)" in text
+    assert "untrainable: error=1" in text and "1 feedback" in text
+    assert "turn-aaa main v0 ok stop p=3 c=2 trainable  → tool: file listing with lines" in text
+    assert "turn-err" in text and "untrainable: error" in text
+    assert "turn-bbb" in text and "v2" in text and "→ feedback: +1 solved" in text
+    with pytest.raises(StoreError, match="unknown session"):
+        format_session(store, "missing")
+
+
+def test_export_jsonl(store: Store, tmp_path: Path) -> None:
+    out = tmp_path / "export.jsonl"
+    assert export_jsonl(store, out) == 2
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [x["session_id"] for x in lines] == ["sess-1", "sess-2"]
+    first = lines[0]
+    assert first["format"] == "clawrl.trajectory" and first["version"] == EXPORT_VERSION
+    assert first["untrainable"] == {"untrainable/error": 1}
+    rows = first["rows"]
+    assert [r["turn_ids"] for r in rows] == [["turn-aaa1", "turn-bbb2"], ["turn-aaa1", "turn-err1"]]
+    assert rows[0]["input_ids"] == [1, 2, 3, 4, 5, 6, 7]
+    assert rows[0]["loss_mask"] == [0, 0, 0, 1, 1, 0, 1]
+    assert rows[0]["sampling_logprobs"] == [0.0, 0.0, 0.0, -0.5, -0.25, 0.0, -1.0]
+    assert rows[0]["token_turn"] == [-1, -1, -1, 0, 0, -1, 1]
+    assert rows[1]["loss_mask"] == [0] * 6 and rows[1]["untrained"] == {"turn-err1": "error"}
+    turns = {t["id"]: t for t in first["turns"]}
+    ns = turns["turn-aaa1"]["next_state"]
+    assert ns["role"] == "tool" and ns["ids"] == [6] and ns["child_turn_id"] == "turn-bbb2"
+    assert ns["other_child_ids"] == ["turn-err1"]
+    assert turns["turn-bbb2"]["next_state"]["role"] == "feedback"
+    assert turns["turn-err1"]["trainable"] is False
+    assert lines[1]["rows"] == [] and lines[1]["turns"] == []
+
+    stream = io.StringIO()
+    assert export_jsonl(store, stream, session_ids=["sess-2"]) == 1
+    assert json.loads(stream.getvalue())["session_id"] == "sess-2"
+    with pytest.raises(StoreError, match="unknown session"):
+        export_jsonl(store, io.StringIO(), session_ids=["missing"])
