@@ -1,0 +1,83 @@
+"""Collating TrainSamples into right-padded tensors aligned on completion tokens."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from clawrl.trainer.types import TrainSample
+
+
+@dataclass
+class Batch:
+    """Right-padded tensors for ``B`` samples; ``L`` = longest prompt + completion.
+
+    ``[B, L-1]`` tensors are aligned with *next-token* positions: position ``t`` holds the
+    log-prob of ``input_ids[:, t+1]``. ``loss_mask`` is True exactly on completion tokens.
+    """
+
+    input_ids: Tensor  # [B, L] long
+    attention_mask: Tensor  # [B, L] long
+    loss_mask: Tensor  # [B, L-1] bool
+    sampling_logprobs: Tensor  # [B, L-1] float
+    teacher_logprobs: Tensor | None  # [B, L-1] float, 0 where no hint
+    has_hint: Tensor  # [B] bool
+    rewards: Tensor  # [B] float (0 where None)
+    has_reward: Tensor  # [B] bool
+    temperature: Tensor  # [B] float
+    truncated: Tensor  # [B] bool
+    group_ids: Tensor  # [B] long
+
+
+def collate(samples: list[TrainSample], pad_id: int = 0) -> Batch:
+    """Build a :class:`Batch`; raises ValueError on an empty list."""
+    if not samples:
+        raise ValueError("cannot collate an empty batch")
+    length = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
+    b = len(samples)
+    input_ids = torch.full((b, length), pad_id, dtype=torch.long)
+    attention = torch.zeros((b, length), dtype=torch.long)
+    loss_mask = torch.zeros((b, length - 1), dtype=torch.bool)
+    sampling = torch.zeros((b, length - 1), dtype=torch.float32)
+    any_teacher = any(s.teacher_logprobs is not None for s in samples)
+    teacher = torch.zeros((b, length - 1), dtype=torch.float32) if any_teacher else None
+    for i, s in enumerate(samples):
+        seq = s.prompt_ids + s.completion_ids
+        input_ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        attention[i, : len(seq)] = 1
+        start, end = len(s.prompt_ids) - 1, len(seq) - 1
+        loss_mask[i, start:end] = True
+        sampling[i, start:end] = torch.tensor(s.sampling_logprobs, dtype=torch.float32)
+        if teacher is not None and s.teacher_logprobs is not None:
+            teacher[i, start:end] = torch.tensor(s.teacher_logprobs, dtype=torch.float32)
+    return Batch(
+        input_ids=input_ids,
+        attention_mask=attention,
+        loss_mask=loss_mask,
+        sampling_logprobs=sampling,
+        teacher_logprobs=teacher,
+        has_hint=torch.tensor([s.teacher_logprobs is not None for s in samples]),
+        rewards=torch.tensor([s.reward or 0.0 for s in samples], dtype=torch.float32),
+        has_reward=torch.tensor([s.reward is not None for s in samples]),
+        temperature=torch.tensor([s.temperature for s in samples], dtype=torch.float32),
+        truncated=torch.tensor([s.truncated for s in samples]),
+        group_ids=torch.tensor([s.group_id for s in samples], dtype=torch.long),
+    )
+
+
+def token_logprobs(model: torch.nn.Module, batch: Batch) -> tuple[Tensor, Tensor]:
+    """Log-probs of each next token under ``model`` at each row's sampling temperature.
+
+    Returns:
+        ``([B, L-1] log-probs with gradient, [B, L-1] entropy without gradient)``. Greedy rows
+        (temperature 0) use temperature 1, matching the engine (``clawrl.engine.sampling``).
+    """
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    temp = torch.where(batch.temperature > 0, batch.temperature, torch.ones_like(batch.temperature))
+    logp = torch.log_softmax(logits[:, :-1, :].float() / temp[:, None, None], dim=-1)
+    chosen = logp.gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)
+    with torch.no_grad():
+        entropy = -(logp.exp() * logp).sum(-1)
+    return chosen, entropy
