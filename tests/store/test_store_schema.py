@@ -20,7 +20,7 @@ from clawrl.store.schema import (
 )
 from clawrl.store.types import TurnRecord
 
-JUDGMENTS = """CREATE TABLE judgments (
+JUDGMENTS = """CREATE TABLE extra_verdicts (
     id TEXT PRIMARY KEY,
     turn_id TEXT NOT NULL REFERENCES turns (id),
     score REAL NOT NULL
@@ -52,6 +52,9 @@ def _describe(path: Path) -> dict:
         conn.close()
 
 
+NEXT = SCHEMA_VERSION + 1
+
+
 def test_version_is_last_migration() -> None:
     assert [m.version for m in MIGRATIONS] == list(range(1, SCHEMA_VERSION + 1))
     assert MIGRATIONS[-1].version == SCHEMA_VERSION
@@ -65,7 +68,14 @@ def test_fresh_and_migrated_files_have_identical_schema(tmp_path: Path) -> None:
         assert store.schema_version == SCHEMA_VERSION
     fresh, migrated = _describe(tmp_path / "fresh.db"), _describe(tmp_path / "old.db")
     assert fresh == migrated
-    assert set(fresh) == {"schema_migrations", "sessions", "turns", "feedback"}
+    assert set(fresh) == {
+        "schema_migrations",
+        "sessions",
+        "turns",
+        "feedback",
+        "judgments",
+        "samples",
+    }
     conn = _connect(tmp_path / "fresh.db")
     versions = [r[0] for r in conn.execute("SELECT version FROM schema_migrations")]
     conn.close()
@@ -96,27 +106,27 @@ def test_declaration_matches_a_file_built_from_it(tmp_path: Path) -> None:
 
 
 def test_a_new_migration_upgrades_old_files_and_keeps_data(tmp_path: Path) -> None:
-    migrations = (*MIGRATIONS, Migration(2, "judgments", (JUDGMENTS,)))
+    migrations = (*MIGRATIONS, Migration(NEXT, "extra", (JUDGMENTS,)))
     schema = (*SCHEMA, JUDGMENTS)
     old = tmp_path / "old.db"
-    with Store(old) as store:  # a v1 file with data
+    with Store(old) as store:  # a current file with data
         session = store.new_session()
         turn_id = store.record_turn(TurnRecord(session.id, [1, 2], [3], [-0.5]))
     conn = _connect(old)
-    assert migrate(conn, migrations=migrations, schema=schema, version=2) == 2
-    assert applied_version(conn) == 2
-    conn.execute("INSERT INTO judgments VALUES ('j', ?, 1.0)", (turn_id,))
+    assert migrate(conn, migrations=migrations, schema=schema, version=NEXT) == NEXT
+    assert applied_version(conn) == NEXT
+    conn.execute("INSERT INTO extra_verdicts VALUES ('j', ?, 1.0)", (turn_id,))
     conn.close()
     fresh = _connect(tmp_path / "fresh.db")
-    migrate(fresh, migrations=migrations, schema=schema, version=2)
+    migrate(fresh, migrations=migrations, schema=schema, version=NEXT)
     fresh.close()
     assert _describe(old) == _describe(tmp_path / "fresh.db")
     # Forgetting to update the declaration is caught by the comparison.
     drifted = _connect(tmp_path / "drifted.db")
-    migrate(drifted, migrations=migrations, schema=SCHEMA, version=2)
+    migrate(drifted, migrations=migrations, schema=SCHEMA, version=NEXT)
     drifted.close()
     assert _describe(old) != _describe(tmp_path / "drifted.db")
-    # This code (version 1) refuses the newer file instead of misreading it.
+    # This code refuses the newer file instead of misreading it.
     with pytest.raises(StoreError, match="newer"):
         Store(old)
 
@@ -125,11 +135,11 @@ def test_failed_migration_rolls_back(tmp_path: Path) -> None:
     path = tmp_path / "s.db"
     with Store(path):
         pass
-    bad = (*MIGRATIONS, Migration(2, "bad", ("CREATE TABLE x (a INT)", "NOT SQL")))
+    bad = (*MIGRATIONS, Migration(NEXT, "bad", ("CREATE TABLE x (a INT)", "NOT SQL")))
     conn = _connect(path)
     with pytest.raises(StoreError, match="migration failed"):
-        migrate(conn, migrations=bad, schema=SCHEMA, version=2)
-    assert applied_version(conn) == 1
+        migrate(conn, migrations=bad, schema=SCHEMA, version=NEXT)
+    assert applied_version(conn) == SCHEMA_VERSION
     assert "x" not in describe_schema(conn)
     conn.close()
 

@@ -14,6 +14,12 @@ from clawrl.store.codec import (
     output_hash,
     prefix_digests,
 )
+from clawrl.store.learning import (
+    DropReason,
+    JudgmentRecord,
+    SampleRecord,
+    SampleStatus,
+)
 from clawrl.store.schema import SCHEMA_VERSION
 from clawrl.store.sqlite import Store
 from clawrl.store.types import (
@@ -33,7 +39,11 @@ from clawrl.store.types import (
 __all__ = [
     "SCHEMA_VERSION",
     "ApiProtocol",
+    "DropReason",
     "FeedbackRecord",
+    "JudgmentRecord",
+    "SampleRecord",
+    "SampleStatus",
     "SessionRecord",
     "SessionSource",
     "SessionSummary",

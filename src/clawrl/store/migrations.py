@@ -110,8 +110,35 @@ _V1: tuple[str, ...] = (
     "CREATE INDEX idx_feedback_session ON feedback (session_id)",
 )
 
+_V2: tuple[str, ...] = (
+    """CREATE TABLE judgments (
+    turn_id TEXT PRIMARY KEY REFERENCES turns (id),
+    session_id TEXT NOT NULL REFERENCES sessions (id),
+    score INTEGER,
+    reason TEXT,
+    votes TEXT NOT NULL DEFAULT '[]',
+    hint TEXT,
+    hint_meta TEXT NOT NULL DEFAULT '{}',
+    backend TEXT NOT NULL,
+    latency_s REAL,
+    next_state_role TEXT,
+    created_at REAL NOT NULL
+)""",
+    "CREATE INDEX idx_judgments_session ON judgments (session_id)",
+    """CREATE TABLE samples (
+    turn_id TEXT PRIMARY KEY REFERENCES turns (id),
+    status TEXT NOT NULL,
+    reason TEXT,
+    step INTEGER,
+    policy_version INTEGER,
+    created_at REAL NOT NULL
+)""",
+    "CREATE INDEX idx_samples_status ON samples (status, reason)",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema: sessions, turns, feedback", _V1),
+    Migration(2, "judge verdicts (judgments) and trainer bookkeeping (samples)", _V2),
 )
 """Every schema step in order; ``MIGRATIONS[-1].version == SCHEMA_VERSION``."""
 

@@ -17,7 +17,7 @@ import re
 import sqlite3
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """Version of :data:`SCHEMA`; equals the last migration's version."""
 
 MIGRATIONS_TABLE = """
@@ -94,6 +94,29 @@ CREATE TABLE feedback (
 )""",
     "CREATE INDEX idx_feedback_turn ON feedback (turn_id)",
     "CREATE INDEX idx_feedback_session ON feedback (session_id)",
+    """CREATE TABLE judgments (
+    turn_id TEXT PRIMARY KEY REFERENCES turns (id),
+    session_id TEXT NOT NULL REFERENCES sessions (id),
+    score INTEGER,
+    reason TEXT,
+    votes TEXT NOT NULL DEFAULT '[]',
+    hint TEXT,
+    hint_meta TEXT NOT NULL DEFAULT '{}',
+    backend TEXT NOT NULL,
+    latency_s REAL,
+    next_state_role TEXT,
+    created_at REAL NOT NULL
+)""",
+    "CREATE INDEX idx_judgments_session ON judgments (session_id)",
+    """CREATE TABLE samples (
+    turn_id TEXT PRIMARY KEY REFERENCES turns (id),
+    status TEXT NOT NULL,
+    reason TEXT,
+    step INTEGER,
+    policy_version INTEGER,
+    created_at REAL NOT NULL
+)""",
+    "CREATE INDEX idx_samples_status ON samples (status, reason)",
 )
 """The current schema, statement by statement (executed in order on a fresh file)."""
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from clawrl.errors import StoreError
 from clawrl.store.codec import encode_ids, ids_digest, prefix_digests
+from clawrl.store.learning import LearningQueries
 from clawrl.store.migrations import migrate
 from clawrl.store.rows import (
     TURN_FIELDS,
@@ -51,7 +52,7 @@ _IMMUTABLE_TURN_FIELDS = frozenset({"id", "session_id", "created_at"})
 _SQL_CHUNK = 500  # bound on host parameters per IN (...) list
 
 
-class Store:
+class Store(LearningQueries):
     """A durable, thread-safe store of sessions, turns and feedback in one SQLite file.
 
     Use as a context manager (``with Store(path) as store: ...``) or call :meth:`close`.

@@ -1,0 +1,229 @@
+"""Store records and queries of the online loop: judge verdicts and trainer bookkeeping.
+
+``judgments``: one row per judged turn — the majority score (or ``None`` with the reason there
+is no judgment), the votes, the selected hindsight hint. ``samples``: one row per turn the
+trainer has consumed — ``trained`` (with the step and the policy version it produced) or
+``dropped`` with a reason. A turn is trained at most once because its ``samples`` row is
+written in the same transaction as the decision, and the trainer only picks turns without one.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Protocol
+
+from clawrl.errors import StoreError
+from clawrl.store.rows import dump_json, load_json
+
+
+class SampleStatus(StrEnum):
+    """What the trainer did with a judged turn."""
+
+    TRAINED = "trained"
+    DROPPED = "dropped"
+
+
+class DropReason(StrEnum):
+    """Why a turn was not trained on (``drop/<reason>`` in metrics)."""
+
+    NO_NEXT_STATE = "no_next_state"
+    NO_JUDGMENT = "no_judgment"
+    ZERO_SCORE = "zero_score"
+    NO_HINT = "no_hint"
+    UNTRAINABLE = "untrainable"
+    STALE = "stale"
+    TEACHER_FAILED = "teacher_failed"
+
+
+@dataclass
+class JudgmentRecord:
+    """The judge's verdict on one turn.
+
+    Attributes:
+        turn_id / session_id: the judged turn.
+        score: majority score in {+1, -1, 0}; ``None`` = no judgment (all votes abstained,
+            the judge failed): ``reason`` says why.
+        votes: per vote ``{"score": int|None, "hint": str|None, "raw": str, "abstain": str|None}``.
+        hint: the selected hindsight hint, if any; ``hint_meta`` how it was selected.
+        backend: e.g. ``generative:smollm2-135m``, ``choice``, ``openai:URL``, ``feedback``.
+        latency_s: seconds the judgment took.
+        next_state_role: user | tool | environment | feedback.
+    """
+
+    turn_id: str
+    session_id: str
+    score: int | None
+    backend: str
+    reason: str | None = None
+    votes: list[dict[str, Any]] = field(default_factory=list)
+    hint: str | None = None
+    hint_meta: dict[str, Any] = field(default_factory=dict)
+    latency_s: float | None = None
+    next_state_role: str | None = None
+    created_at: float = field(default_factory=time.time)
+
+
+@dataclass
+class SampleRecord:
+    """The trainer's decision on one turn (trained at ``step`` producing ``policy_version``)."""
+
+    turn_id: str
+    status: SampleStatus
+    reason: str | None = None
+    step: int | None = None
+    policy_version: int | None = None
+    created_at: float = field(default_factory=time.time)
+
+
+class _HasConnections(Protocol):
+    def _write(self) -> AbstractContextManager[sqlite3.Connection]: ...
+    def _read(self) -> AbstractContextManager[sqlite3.Connection]: ...
+
+
+_J_COLS = (
+    "turn_id", "session_id", "score", "reason", "votes", "hint", "hint_meta", "backend",
+    "latency_s", "next_state_role", "created_at",
+)  # fmt: skip
+_S_COLS = ("turn_id", "status", "reason", "step", "policy_version", "created_at")
+
+
+def _judgment_row(j: JudgmentRecord) -> tuple[Any, ...]:
+    if j.score not in (None, -1, 0, 1):
+        raise StoreError(f"judgment score must be -1, 0, +1 or None, got {j.score!r}")
+    return (
+        j.turn_id, j.session_id, j.score, j.reason, dump_json(j.votes, "votes"), j.hint,
+        dump_json(j.hint_meta, "hint_meta"), j.backend, j.latency_s, j.next_state_role,
+        j.created_at,
+    )  # fmt: skip
+
+
+def _row_judgment(r: sqlite3.Row) -> JudgmentRecord:
+    return JudgmentRecord(
+        turn_id=r["turn_id"],
+        session_id=r["session_id"],
+        score=r["score"],
+        reason=r["reason"],
+        votes=load_json(r["votes"]) or [],
+        hint=r["hint"],
+        hint_meta=load_json(r["hint_meta"]) or {},
+        backend=r["backend"],
+        latency_s=r["latency_s"],
+        next_state_role=r["next_state_role"],
+        created_at=r["created_at"],
+    )
+
+
+class LearningQueries:
+    """Mixin for :class:`clawrl.store.Store`: judgments and samples."""
+
+    def record_judgment(self: _HasConnections, judgment: JudgmentRecord) -> None:
+        """Insert or replace the judgment of a turn (durable when this returns).
+
+        Raises:
+            StoreError: unknown turn, bad score.
+        """
+        row = _judgment_row(judgment)
+        marks = ", ".join("?" for _ in _J_COLS)
+        with self._write() as conn:
+            conn.execute(
+                f"INSERT OR REPLACE INTO judgments ({', '.join(_J_COLS)}) VALUES ({marks})", row
+            )
+
+    def get_judgment(self: _HasConnections, turn_id: str) -> JudgmentRecord | None:
+        """The judgment of a turn, or None."""
+        with self._read() as conn:
+            r = conn.execute("SELECT * FROM judgments WHERE turn_id = ?", (turn_id,)).fetchone()
+        return None if r is None else _row_judgment(r)
+
+    def judgments_for_session(self: _HasConnections, session_id: str) -> list[JudgmentRecord]:
+        """Every judgment of a session, oldest first."""
+        with self._read() as conn:
+            rows = conn.execute(
+                "SELECT * FROM judgments WHERE session_id = ? ORDER BY created_at", (session_id,)
+            ).fetchall()
+        return [_row_judgment(r) for r in rows]
+
+    def sessions_with_unjudged_turns(self: _HasConnections, limit: int = 100) -> list[str]:
+        """Sessions having an ok, trainable main turn without a judgment, most recent first."""
+        with self._read() as conn:
+            rows = conn.execute(
+                "SELECT t.session_id, MAX(t.created_at) AS last FROM turns t "
+                "LEFT JOIN judgments j ON j.turn_id = t.id "
+                "WHERE j.turn_id IS NULL AND t.status = 'ok' AND t.trainable = 1 "
+                "AND t.kind = 'main' GROUP BY t.session_id ORDER BY last DESC LIMIT ?",
+                (limit,),
+            ).fetchall()
+        return [r[0] for r in rows]
+
+    def judged_untrained_turns(self: _HasConnections, limit: int = 1000) -> list[str]:
+        """Turn ids with a judgment and no ``samples`` row, oldest judgment first."""
+        with self._read() as conn:
+            rows = conn.execute(
+                "SELECT j.turn_id FROM judgments j LEFT JOIN samples s ON s.turn_id = j.turn_id "
+                "WHERE s.turn_id IS NULL ORDER BY j.created_at LIMIT ?",
+                (limit,),
+            ).fetchall()
+        return [r[0] for r in rows]
+
+    def record_samples(self: _HasConnections, records: list[SampleRecord]) -> None:
+        """Write several trainer decisions in one transaction (all or none).
+
+        Raises:
+            StoreError: a turn already has a decision (a sample is never trained twice).
+        """
+        marks = ", ".join("?" for _ in _S_COLS)
+        with self._write() as conn:
+            for rec in records:
+                try:
+                    conn.execute(
+                        f"INSERT INTO samples ({', '.join(_S_COLS)}) VALUES ({marks})",
+                        (
+                            rec.turn_id,
+                            str(rec.status),
+                            rec.reason,
+                            rec.step,
+                            rec.policy_version,
+                            rec.created_at,
+                        ),
+                    )
+                except sqlite3.IntegrityError as exc:
+                    raise StoreError(f"turn {rec.turn_id} already has a sample decision") from exc
+
+    def get_sample(self: _HasConnections, turn_id: str) -> SampleRecord | None:
+        """The trainer's decision on a turn, or None."""
+        with self._read() as conn:
+            r = conn.execute("SELECT * FROM samples WHERE turn_id = ?", (turn_id,)).fetchone()
+        if r is None:
+            return None
+        return SampleRecord(
+            r["turn_id"],
+            SampleStatus(r["status"]),
+            r["reason"],
+            r["step"],
+            r["policy_version"],
+            r["created_at"],
+        )
+
+    def sample_counts(self: _HasConnections) -> dict[str, int]:
+        """``{"trained": n, "drop/<reason>": n, ...}`` over the whole store."""
+        with self._read() as conn:
+            rows = conn.execute(
+                "SELECT status, reason, COUNT(*) FROM samples GROUP BY status, reason"
+            ).fetchall()
+        out: dict[str, int] = {}
+        for status, reason, n in rows:
+            key = "trained" if status == SampleStatus.TRAINED else f"drop/{reason}"
+            out[key] = out.get(key, 0) + int(n)
+        return out
+
+    def iter_judgments(self: _HasConnections) -> Iterator[JudgmentRecord]:
+        """All judgments, oldest first (for reports)."""
+        with self._read() as conn:
+            rows = conn.execute("SELECT * FROM judgments ORDER BY created_at").fetchall()
+        for r in rows:
+            yield _row_judgment(r)
