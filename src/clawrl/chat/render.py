@@ -1,0 +1,293 @@
+"""Rendering neutral chat messages (+ tools) to the policy's token ids with its chat template.
+
+Two paths, picked per tokenizer by :func:`supports_native_tools`:
+
+* **native** — the template source mentions ``tools``: tools go to the template in OpenAI function
+  format, assistant tool calls as OpenAI ``tool_calls`` (arguments as objects) and tool results as
+  ``tool`` messages; the template decides their text.
+* **fallback** — the template has no tool support (SmolLM2's plain ChatML): the text format of
+  :mod:`clawrl.chat.tool_format` is used. The tool section is appended to the first system message
+  (one is created when the conversation has none, starting with the template's own default system
+  prompt, if it has one); assistant turns are rendered by
+  :func:`~clawrl.chat.tool_format.assistant_message_text`; each run of consecutive tool results
+  becomes ONE ``user`` turn of ``<tool_response>`` blocks (so OpenAI's consecutive ``tool``
+  messages and Anthropic's several ``tool_result`` blocks in one message give identical ids).
+
+In both paths assistant reasoning is rendered as ``<think>\\nREASONING\\n</think>`` before the
+content, in every assistant message (it is what the policy generated; keeping it keeps a turn's
+prompt a prefix of the next turn's). No ``None`` content ever reaches a template (it becomes
+``""``). ``tool_choice``: ``none`` renders no tools (tool calls and results in the history are
+still rendered); ``required`` and a named function add one instruction line to the system
+message. That instruction plus the gateway's parse is the only enforcement: constrained decoding
+is not implemented.
+
+The text is rendered once and tokenized once, whole; :attr:`RenderedPrompt.message_spans` are
+token boundaries of that tokenization (see :func:`render_prompt`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import jinja2
+
+from clawrl.chat.tool_format import (
+    assistant_message_text,
+    reasoning_text,
+    tool_choice_text,
+    tool_results_text,
+    tools_system_text,
+)
+from clawrl.chat.types import ChatMessage, ToolChoice, ToolSpec
+from clawrl.errors import ClientInputError, ModelLoadError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+_PROBE_SYSTEM = "\x1fclawrl-probe-system\x1f"
+_PROBE_USER = "\x1fclawrl-probe-user\x1f"
+_default_system_cache: dict[tuple[str, str | None], str | None] = {}
+
+
+@dataclass(frozen=True)
+class RenderedPrompt:
+    """A rendered prompt.
+
+    Attributes:
+        token_ids: the ids of ``text``, tokenized whole (no special tokens added beyond the
+            template's own).
+        text: the rendered template text.
+        message_spans: ``message_spans[i] = (start, end)``, the token range ``[start, end)`` of
+            ``messages[i]`` (including its turn framing). Spans are contiguous and cover
+            ``token_ids`` up to the generation prompt; the first starts at 0 and so includes
+            whatever the template or renderer puts before the first message (BOS, a default or
+            created system prompt). Messages that cannot be separated on a token boundary share
+            one span (see :func:`render_prompt`).
+    """
+
+    token_ids: list[int]
+    text: str
+    message_spans: list[tuple[int, int]]
+
+
+def supports_native_tools(tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Whether the tokenizer's chat template renders tools itself (its source mentions ``tools``).
+
+    Raises:
+        ModelLoadError: the tokenizer has no chat template.
+    """
+    return "tools" in _template_source(tokenizer)
+
+
+def render_prompt(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: Sequence[ChatMessage],
+    tools: Sequence[ToolSpec] | None = None,
+    tool_choice: ToolChoice | None = None,
+    add_generation_prompt: bool = True,
+) -> RenderedPrompt:
+    """Render a conversation to token ids with the tokenizer's chat template.
+
+    Spans: the growing prefixes ``messages[:k]`` (k = 1..n) are rendered without the generation
+    prompt. Prefix k closes a span when its text is a prefix of the full text and its tokens are a
+    token prefix of the full ids: the text between the previous boundary and this one, tokenized on
+    its own, equals the corresponding slice of the full ids (and the text after the last boundary
+    tokenizes on its own to the remaining ids). A message whose end fails this (a template that
+    merges turns, e.g. consecutive tool results in the fallback, or one that rewrites earlier
+    turns) shares its span with the following message(s); in the worst case the last span runs to
+    the end of ``token_ids``. Spans are therefore always exact token boundaries, never guessed.
+
+    The generation prompt of a conversation is a token prefix of the same conversation followed
+    by an assistant message as long as that message's text does not start with whitespace that the
+    tokenizer merges with the generation prompt's trailing newline (e.g. content ``"\\n\\nHi"``).
+
+    Args:
+        tokenizer: a Hugging Face tokenizer with a chat template.
+        messages: the conversation.
+        tools: the tools offered to the policy.
+        tool_choice: ``None`` means ``auto``.
+        add_generation_prompt: append the template's assistant-turn opener.
+
+    Returns:
+        The text, its token ids and one span per message.
+
+    Raises:
+        ClientInputError: (400) the template rejected the conversation (e.g. it demands
+            alternating roles).
+        ModelLoadError: the tokenizer has no chat template.
+    """
+    choice = tool_choice or ToolChoice()
+    offered = list(tools or []) if choice.mode != "none" else []
+    native = supports_native_tools(tokenizer)
+    payload: list[dict[str, Any]] | None = None
+    if native and offered:
+        payload = [t.openai_format() for t in offered]
+    extra = _system_extra(offered, choice, native)
+    default_system = _default_system_prompt(tokenizer) if extra else None
+
+    def render(msgs: Sequence[ChatMessage], generation_prompt: bool) -> str:
+        conv = _template_messages(msgs, native=native, extra=extra, default_system=default_system)
+        return _apply_template(tokenizer, conv, payload, generation_prompt)
+
+    try:
+        text = render(messages, add_generation_prompt)
+    except jinja2.TemplateError as e:
+        raise ClientInputError(
+            f"the policy's chat template rejected the conversation: {e}", param="messages"
+        ) from e
+
+    def encode(s: str) -> list[int]:
+        return tokenizer.encode(s, add_special_tokens=False)
+
+    ids = encode(text)
+    spans = _message_spans(render, messages, text, ids, encode)
+    return RenderedPrompt(token_ids=ids, text=text, message_spans=spans)
+
+
+def _message_spans(
+    render: Callable[[Sequence[ChatMessage], bool], str],
+    messages: Sequence[ChatMessage],
+    text: str,
+    ids: list[int],
+    encode: Callable[[str], list[int]],
+) -> list[tuple[int, int]]:
+    # Candidate boundaries: (number of messages, char offset) where the prefix's text is a prefix.
+    candidates: list[tuple[int, int]] = []
+    last_char = 0
+    for k in range(1, len(messages) + 1):
+        try:
+            prefix = render(messages[:k], False)
+        except jinja2.TemplateError:
+            continue
+        if len(prefix) >= last_char and text.startswith(prefix):
+            candidates.append((k, len(prefix)))
+            last_char = len(prefix)
+    # Accepted boundaries: (number of messages, char offset, token offset).
+    accepted = [(0, 0, 0)]
+    for k, char in candidates:
+        _, start_char, start_tok = accepted[-1]
+        segment = encode(text[start_char:char])
+        if ids[start_tok : start_tok + len(segment)] == segment:
+            accepted.append((k, char, start_tok + len(segment)))
+    while len(accepted) > 1 and encode(text[accepted[-1][1] :]) != ids[accepted[-1][2] :]:
+        accepted.pop()
+    spans = []
+    for i in range(len(messages)):
+        start = max(tok for k, _, tok in accepted if k <= i)
+        end = min((tok for k, _, tok in accepted if k >= i + 1), default=len(ids))
+        spans.append((start, end))
+    return spans
+
+
+def _system_extra(tools: list[ToolSpec], choice: ToolChoice, native: bool) -> str | None:
+    if not tools:
+        return None
+    parts = [] if native else [tools_system_text(tools)]
+    line = tool_choice_text(choice)
+    if line:
+        parts.append(line)
+    return "\n\n".join(parts) or None
+
+
+def _join(head: str | None, tail: str) -> str:
+    return f"{head}\n\n{tail}" if head else tail
+
+
+def _template_messages(
+    messages: Sequence[ChatMessage], *, native: bool, extra: str | None, default_system: str | None
+) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    i = 0
+    while i < len(messages):
+        if messages[i].role == "tool" and not native:
+            j = i
+            while j < len(messages) and messages[j].role == "tool":
+                j += 1
+            out.append({"role": "user", "content": tool_results_text(list(messages[i:j]))})
+            i = j
+            continue
+        out.append(_template_message(messages[i], native))
+        i += 1
+    if extra:
+        if messages and messages[0].role == "system":
+            out[0]["content"] = _join(out[0]["content"], extra)
+        else:
+            out.insert(0, {"role": "system", "content": _join(default_system, extra)})
+    return out
+
+
+def _template_message(m: ChatMessage, native: bool) -> dict[str, Any]:
+    if m.role == "assistant":
+        if not native:
+            return {"role": "assistant", "content": assistant_message_text(m)}
+        parts = [reasoning_text(m.reasoning)] if m.reasoning else []
+        if m.content:
+            parts.append(m.content)
+        d: dict[str, Any] = {"role": "assistant", "content": "\n".join(parts)}
+        if m.tool_calls:
+            d["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                }
+                for c in m.tool_calls
+            ]
+        return d
+    d = {"role": m.role, "content": m.content or ""}
+    if m.role == "tool":
+        if m.tool_call_id is not None:
+            d["tool_call_id"] = m.tool_call_id
+        if m.name is not None:
+            d["name"] = m.name
+    return d
+
+
+def _apply_template(
+    tokenizer: PreTrainedTokenizerBase,
+    conv: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    add_generation_prompt: bool,
+) -> str:
+    text = tokenizer.apply_chat_template(
+        conv,
+        tools=tools,  # type: ignore[arg-type]  # transformers types it as list[dict | Callable]
+        tokenize=False,
+        add_generation_prompt=add_generation_prompt,
+    )
+    assert isinstance(text, str)
+    return text
+
+
+def _template_source(tokenizer: PreTrainedTokenizerBase) -> str:
+    if tokenizer.chat_template is None:
+        raise ModelLoadError("the policy's tokenizer has no chat template")
+    return tokenizer.get_chat_template(None, tools=[])
+
+
+def _default_system_prompt(tokenizer: PreTrainedTokenizerBase) -> str | None:
+    """The system prompt the template inserts when a conversation has none, found by probing."""
+    key = (_template_source(tokenizer), tokenizer.bos_token)
+    if key not in _default_system_cache:
+        _default_system_cache[key] = _probe_default_system(tokenizer)
+    return _default_system_cache[key]
+
+
+def _probe_default_system(tokenizer: PreTrainedTokenizerBase) -> str | None:
+    user = {"role": "user", "content": _PROBE_USER}
+    try:
+        alone = _apply_template(tokenizer, [user], None, False)
+        with_system = _apply_template(
+            tokenizer, [{"role": "system", "content": _PROBE_SYSTEM}, user], None, False
+        )
+    except jinja2.TemplateError:
+        return None
+    at = with_system.find(_PROBE_SYSTEM)
+    if at < 0:
+        return None
+    head, tail = with_system[:at], with_system[at + len(_PROBE_SYSTEM) :]
+    if len(alone) < len(head) + len(tail) or not (alone.startswith(head) and alone.endswith(tail)):
+        return None
+    return alone[len(head) : len(alone) - len(tail)] or None
