@@ -50,6 +50,7 @@ class _ScoreRequest:
     items: list[tuple[list[int], list[int]]]
     temperature: float
     future: concurrent.futures.Future[list[list[float]]]
+    base: bool = False
 
 
 @dataclass
@@ -222,7 +223,12 @@ class TransformersEngine:
         return req
 
     async def score(
-        self, prompt_ids: Sequence[int], target_ids: Sequence[int], *, temperature: float = 1.0
+        self,
+        prompt_ids: Sequence[int],
+        target_ids: Sequence[int],
+        *,
+        temperature: float = 1.0,
+        base: bool = False,
     ) -> list[float]:
         """Teacher-forced log-probs of ``target_ids`` (``[t]``) given ``prompt_ids``.
 
@@ -230,7 +236,7 @@ class TransformersEngine:
         completion sampled at temperature T with top_p = 1 and top_k = 0, ``score`` at T
         reproduces its sampling log-probs up to float error. Returns ``[t]`` floats (nats).
         """
-        out = await self.score_batch([(prompt_ids, target_ids)], temperature=temperature)
+        out = await self.score_batch([(prompt_ids, target_ids)], temperature=temperature, base=base)
         return out[0]
 
     async def score_batch(
@@ -238,8 +244,12 @@ class TransformersEngine:
         items: Sequence[tuple[Sequence[int], Sequence[int]]],
         *,
         temperature: float = 1.0,
+        base: bool = False,
     ) -> list[list[float]]:
         """Score several ``(prompt_ids, target_ids)`` pairs in one padded forward pass.
+
+        With ``base=True`` a LoRA adapter, if one is loaded, is disabled for this pass: the
+        frozen base weights score (the OPD ``--teacher base`` option).
 
         Raises:
             ContextLengthError: a pair is longer than the context window.
@@ -255,7 +265,7 @@ class TransformersEngine:
         if self._closed:
             raise EngineClosedError("engine is closed")
         fut: concurrent.futures.Future[list[list[float]]] = concurrent.futures.Future()
-        self._inbox.put(_ScoreRequest(norm, float(temperature), fut))
+        self._inbox.put(_ScoreRequest(norm, float(temperature), fut, base))
         return await asyncio.wrap_future(fut)
 
     def load_policy(self, version: int, weights: Any) -> concurrent.futures.Future[int]:
@@ -479,7 +489,12 @@ class TransformersEngine:
 
     def _run_score(self, req: _ScoreRequest) -> None:
         try:
-            req.future.set_result(self._score_items(req.items, req.temperature))
+            if req.base and hasattr(self.model, "disable_adapter"):
+                with self.model.disable_adapter():
+                    result = self._score_items(req.items, req.temperature)
+            else:
+                result = self._score_items(req.items, req.temperature)
+            req.future.set_result(result)
         except Exception as e:
             req.future.set_exception(EngineError(f"scoring failed: {e}"))
 

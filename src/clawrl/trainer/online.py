@@ -1,0 +1,306 @@
+"""The online learner: judged turns from the store -> samples -> training steps -> new versions.
+
+Runs beside the gateway (an asyncio task in the server process) and never blocks serving:
+training steps run in a worker thread, and the engine swaps the new weights in between
+requests.
+
+Decision rule for each judged turn (its ``samples`` row records the outcome):
+
+- not ok / not trainable (incomplete stream, error, untrainable ids) -> ``drop/untrainable``;
+- no judgment (all votes abstained, no next state) and no hint -> ``drop/no_judgment`` or
+  ``drop/no_next_state``;
+- ``rl``: score 0 -> ``drop/zero_score`` (unless ``train_on_zero``); ``opd``: no hint ->
+  ``drop/no_hint``; ``combine``: trained when it has a non-zero score or a hint;
+- older than ``max_staleness`` versions -> ``drop/stale``;
+- otherwise it becomes a :class:`TrainSample`; every ``batch_size`` samples make one step.
+
+**Where the hint goes (OPD teacher).** The teacher is the policy itself on a hint-enhanced
+prompt: the turn's own messages with ``\\n\\n[Hint: HINT]`` appended to the content of the last
+non-assistant message (the user's request or the tool result the turn answered), rendered with
+the same chat template and tools. Teacher log-probs of the turn's sampled ids come from
+``engine.score`` at the turn's own sampling temperature; ``teacher="base"`` scores with the
+LoRA adapter disabled (the frozen base weights).
+
+Exactly once: a step's sample ids are written into its checkpoint's meta before the
+``samples`` rows; on restart :meth:`OnlineLearner.resume` re-records any ids a crash left out,
+so no sample is trained twice and none is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from clawrl.chat import ChatMessage, ToolSpec, render_prompt
+from clawrl.errors import ClawrlError
+from clawrl.store import (
+    DropReason,
+    JudgmentRecord,
+    SampleRecord,
+    SampleStatus,
+    Store,
+    TurnRecord,
+    TurnStatus,
+)
+from clawrl.trainer.metrics import MetricsWriter
+from clawrl.trainer.trainer import Trainer
+from clawrl.trainer.types import TrainSample
+
+log = logging.getLogger(__name__)
+
+HINT_TEMPLATE = "\n\n[Hint: {hint}]"
+
+
+@dataclass(frozen=True)
+class OnlineSettings:
+    """How the online learner picks and batches samples.
+
+    Attributes:
+        method: ``rl`` (Binary RL), ``opd`` (hindsight OPD) or ``combine``.
+        batch_size: samples per optimizer step (OpenClaw-RL: 16).
+        train_on_zero: keep score-0 turns as samples (A = 0: they only add KL and count).
+        teacher: ``policy`` (the current policy, default) or ``base`` (adapter disabled).
+        checkpoint_every: write a checkpoint every N steps (1 = every step).
+        poll_interval_s: seconds between store polls when idle.
+    """
+
+    method: Literal["rl", "opd", "combine"] = "combine"
+    batch_size: int = 16
+    train_on_zero: bool = False
+    teacher: Literal["policy", "base"] = "policy"
+    checkpoint_every: int = 1
+    poll_interval_s: float = 0.5
+
+
+def hinted_messages(messages: list[ChatMessage], hint: str) -> list[ChatMessage]:
+    """The turn's messages with the hint appended to the last non-assistant message."""
+    out = list(messages)
+    for i in range(len(out) - 1, -1, -1):
+        m = out[i]
+        if m.role != "assistant":
+            out[i] = m.model_copy(
+                update={"content": (m.content or "") + HINT_TEMPLATE.format(hint=hint.strip())}
+            )
+            return out
+    return [*out, ChatMessage(role="user", content=HINT_TEMPLATE.format(hint=hint).strip())]
+
+
+@dataclass
+class LearnerState:
+    """Counters shown by the live display and ``/metrics``."""
+
+    ready: int = 0
+    steps: int = 0
+    trained: int = 0
+    drops: dict[str, int] = field(default_factory=dict)
+    last_step_s: float = 0.0
+    last_metrics: dict[str, float] = field(default_factory=dict)
+
+
+class OnlineLearner:
+    """Turns judged turns into training steps and publishes each new version to the engine.
+
+    Args:
+        store: the trajectory store (judgments written by the judge worker).
+        engine: the serving engine (``score`` for the teacher, ``load_policy`` for versions).
+        tokenizer: the policy's tokenizer (renders the hint-enhanced teacher prompt).
+        trainer: a :class:`Trainer` holding the trainable copy of the policy.
+        settings: :class:`OnlineSettings`.
+        metrics: where step metrics go.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        engine: Any,
+        tokenizer: Any,
+        trainer: Trainer,
+        settings: OnlineSettings,
+        metrics: MetricsWriter,
+    ) -> None:
+        self.store = store
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.trainer = trainer
+        self.settings = settings
+        self.metrics = metrics
+        self.state = LearnerState()
+        self._ready: dict[str, TrainSample] = {}
+        self._step_lock = asyncio.Lock()
+
+    # ---------------------------------------------------------------- resume
+
+    def resume(self) -> int:
+        """Restore the latest checkpoint, re-record its samples, republish its version.
+
+        Returns:
+            The policy version now served (0 when there was no checkpoint).
+        """
+        meta = self.trainer.load_checkpoint()
+        if meta is None:
+            return self.engine.policy_version
+        missing = [t for t in meta.get("turn_ids", []) if self.store.get_sample(t) is None]
+        if missing:
+            self.store.record_samples(
+                [
+                    SampleRecord(
+                        t,
+                        SampleStatus.TRAINED,
+                        step=meta["step"],
+                        policy_version=meta["policy_version"],
+                    )
+                    for t in missing
+                ]
+            )
+        version = self.trainer.policy_version
+        if version > self.engine.policy_version:
+            weights = self.trainer.save_weights(version)
+            self.engine.load_policy(version, weights).result(timeout=600)
+        self.state.steps = self.trainer.step
+        return version
+
+    # ---------------------------------------------------------------- collecting
+
+    def _drop(self, turn_id: str, reason: DropReason) -> SampleRecord:
+        key = f"drop/{reason}"
+        self.state.drops[key] = self.state.drops.get(key, 0) + 1
+        return SampleRecord(turn_id, SampleStatus.DROPPED, reason=str(reason))
+
+    def _decide(self, turn: TurnRecord, j: JudgmentRecord) -> DropReason | None:
+        if turn.status != TurnStatus.OK or not turn.trainable or not turn.completion_ids:
+            return DropReason.UNTRAINABLE
+        lag = self.trainer.policy_version - turn.policy_version
+        if lag > self.trainer.settings.max_staleness:
+            return DropReason.STALE
+        has_hint = bool(j.hint)
+        scored = j.score is not None and (j.score != 0 or self.settings.train_on_zero)
+        if j.score is None and not has_hint:
+            if j.reason == DropReason.NO_NEXT_STATE:
+                return DropReason.NO_NEXT_STATE
+            return DropReason.NO_JUDGMENT
+        method = self.settings.method
+        if method == "rl" and not scored:
+            return DropReason.ZERO_SCORE if j.score == 0 else DropReason.NO_JUDGMENT
+        if method == "opd" and not has_hint:
+            return DropReason.NO_HINT
+        if method == "combine" and not (scored or has_hint):
+            return DropReason.ZERO_SCORE
+        return None
+
+    async def _teacher_logprobs(self, turn: TurnRecord, hint: str) -> list[float]:
+        messages = [ChatMessage.model_validate(m) for m in turn.request_messages]
+        tools = [ToolSpec.model_validate(t) for t in (turn.tools or [])] or None
+        prompt = render_prompt(self.tokenizer, hinted_messages(messages, hint), tools)
+        temperature = float(turn.sampling_params.get("temperature", 1.0))
+        return await self.engine.score(
+            prompt.token_ids,
+            turn.completion_ids,
+            temperature=temperature,
+            base=self.settings.teacher == "base",
+        )
+
+    async def collect(self) -> int:
+        """Decide every judged, undecided turn; returns how many samples are ready."""
+        drops: list[SampleRecord] = []
+        ids = await asyncio.to_thread(self.store.judged_untrained_turns, 1000)
+        for turn_id in ids:
+            if turn_id in self._ready:
+                continue
+            turn = await asyncio.to_thread(self.store.get_turn, turn_id)
+            j = await asyncio.to_thread(self.store.get_judgment, turn_id)
+            if turn is None or j is None:
+                continue
+            reason = self._decide(turn, j)
+            if reason is not None:
+                drops.append(self._drop(turn_id, reason))
+                continue
+            teacher = None
+            use_hint = bool(j.hint) and self.settings.method in ("opd", "combine")
+            if use_hint:
+                try:
+                    teacher = await self._teacher_logprobs(turn, j.hint or "")
+                except ClawrlError as e:
+                    log.warning("teacher scoring failed for %s: %s", turn_id, e)
+                    if self.settings.method == "opd":
+                        drops.append(self._drop(turn_id, DropReason.TEACHER_FAILED))
+                        continue
+            reward = None
+            if j.score is not None and self.settings.method in ("rl", "combine"):
+                reward = float(j.score)
+            if self.settings.method == "rl" and reward is None:
+                drops.append(self._drop(turn_id, DropReason.NO_JUDGMENT))
+                continue
+            self._ready[turn_id] = TrainSample(
+                prompt_ids=turn.prompt_ids,
+                completion_ids=turn.completion_ids,
+                sampling_logprobs=turn.sampling_logprobs,
+                temperature=float(turn.sampling_params.get("temperature", 1.0)),
+                reward=reward if reward is not None else (0.0 if teacher is not None else None),
+                teacher_logprobs=teacher,
+                policy_version=turn.policy_version,
+                truncated=turn.finish_reason == "length",
+                turn_id=turn_id,
+            )
+        if drops:
+            await asyncio.to_thread(self.store.record_samples, drops)
+        self.state.ready = len(self._ready)
+        return len(self._ready)
+
+    # ---------------------------------------------------------------- stepping
+
+    async def step_if_ready(self) -> dict[str, float] | None:
+        """Train one step when ``batch_size`` samples are ready; returns its metrics."""
+        if len(self._ready) < self.settings.batch_size:
+            return None
+        async with self._step_lock:
+            turn_ids = list(self._ready)[: self.settings.batch_size]
+            samples = [self._ready[t] for t in turn_ids]
+            t0 = time.perf_counter()
+            metrics = await asyncio.to_thread(self.trainer.train_step, samples)
+            version = self.trainer.policy_version + 1
+            weights = await asyncio.to_thread(self.trainer.save_weights, version)
+            self.trainer.policy_version = version
+            if self.trainer.step % max(1, self.settings.checkpoint_every) == 0:
+                await asyncio.to_thread(self.trainer.save_checkpoint, {"turn_ids": turn_ids})
+            await asyncio.to_thread(
+                self.store.record_samples,
+                [
+                    SampleRecord(
+                        t, SampleStatus.TRAINED, step=self.trainer.step, policy_version=version
+                    )
+                    for t in turn_ids
+                ],
+            )
+            self.engine.load_policy(version, weights)
+            for t in turn_ids:
+                del self._ready[t]
+            metrics = {
+                **metrics,
+                **{k: float(v) for k, v in self.state.drops.items()},
+                "policy/version": float(version),
+                "time/step_total": time.perf_counter() - t0,
+            }
+            self.metrics.write(self.trainer.step, metrics)
+            self.state.steps = self.trainer.step
+            self.state.trained += len(turn_ids)
+            self.state.ready = len(self._ready)
+            self.state.last_step_s = metrics["time/step_total"]
+            self.state.last_metrics = metrics
+            return metrics
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Poll, collect and step until ``stop`` is set."""
+        while not stop.is_set():
+            try:
+                await self.collect()
+                stepped = await self.step_if_ready()
+            except ClawrlError as e:
+                log.error("online learner: %s", e)
+                stepped = None
+            if stepped is None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.settings.poll_interval_s)

@@ -1,0 +1,130 @@
+"""OnlineLearner on the tiny model with a real store and engine (judgments written directly)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from clawrl.chat import ChatMessage, render_prompt
+from clawrl.engine import SamplingParams, TransformersEngine
+from clawrl.models import tiny_policy
+from clawrl.store import JudgmentRecord, Store, TurnRecord, TurnStatus
+from clawrl.trainer import Trainer, TrainerSettings
+from clawrl.trainer.metrics import MetricsWriter, read_metrics
+from clawrl.trainer.online import OnlineLearner, OnlineSettings, hinted_messages
+
+
+@pytest.fixture()
+def world(tmp_path):
+    policy = tiny_policy(seed=4, max_context=512)
+    engine = TransformersEngine.from_policy(policy)
+    store = Store(tmp_path / "s.db")
+    yield policy, engine, store, tmp_path
+    engine.close()
+    store.close()
+
+
+def _record(policy, engine, store, n, *, score, hint=None, status=TurnStatus.OK):
+    tok = policy.tokenizer
+    ids = []
+    for i in range(n):
+        s = store.new_session()
+        msgs = [ChatMessage(role="user", content=f"problem {i}: what is {i} + {i}?")]
+        prompt = render_prompt(tok, msgs)
+        c = asyncio.run(engine.generate(prompt.token_ids, SamplingParams(max_tokens=5, seed=i)))
+        t = TurnRecord(
+            s.id, prompt.token_ids, c.token_ids, c.logprobs,
+            request_messages=[m.model_dump() for m in msgs],
+            sampling_params={"temperature": 1.0}, policy_version=c.policy_version,
+            finish_reason=str(c.finish_reason), status=status,
+            trainable=status == TurnStatus.OK,
+        )  # fmt: skip
+        store.record_turn(t)
+        store.record_judgment(JudgmentRecord(t.id, s.id, score, "test", hint=hint))
+        ids.append(t.id)
+    return ids
+
+
+def _learner(policy, engine, store, tmp, method="combine", batch=4):
+    trainer = Trainer(policy.model, TrainerSettings(method=method, lr=1e-3), tmp / "out")
+    return OnlineLearner(store, engine, policy.tokenizer, trainer,
+                         OnlineSettings(method=method, batch_size=batch),
+                         MetricsWriter(tmp / "out", tensorboard=False))  # fmt: skip
+
+
+def test_hint_goes_on_the_last_non_assistant_message():
+    msgs = [
+        ChatMessage(role="system", content="sys"),
+        ChatMessage(role="user", content="q"),
+        ChatMessage(role="assistant", content="a"),
+    ]
+    out = hinted_messages(msgs, " use fewer words ")
+    assert out[1].content == "q\n\n[Hint: use fewer words]"
+    assert out[0] == msgs[0] and out[2] == msgs[2]
+
+
+def test_combine_step_trains_publishes_and_counts_drops(world):
+    policy, engine, store, tmp = world
+    good = _record(policy, engine, store, 2, score=1)
+    hinted = _record(policy, engine, store, 2, score=-1, hint="Answer in one short sentence.")
+    zero = _record(policy, engine, store, 1, score=0)
+    broken = _record(policy, engine, store, 1, score=1, status=TurnStatus.INCOMPLETE)
+    learner = _learner(policy, engine, store, tmp)
+
+    async def go():
+        assert await learner.collect() == 4
+        return await learner.step_if_ready()
+
+    m = asyncio.run(go())
+    assert m is not None and m["policy/version"] == 1.0 and m["hint/rate"] == 0.5
+    asyncio.run(asyncio.sleep(0.2))
+    assert engine.policy_version == 1
+    counts = store.sample_counts()
+    assert counts == {"trained": 4, "drop/zero_score": 1, "drop/untrainable": 1}
+    for t in good + hinted:
+        assert store.get_sample(t).policy_version == 1
+    assert store.get_sample(zero[0]).reason == "zero_score"
+    assert store.get_sample(broken[0]).reason == "untrainable"
+    rows = read_metrics(tmp / "out" / "metrics.jsonl")
+    assert len(rows) == 1 and rows[0]["step"] == 1 and "kl/mismatch" in rows[0]
+    assert asyncio.run(learner.collect()) == 0  # nothing is decided twice
+
+
+def test_rl_and_opd_methods_drop_what_they_cannot_use(world):
+    policy, engine, store, tmp = world
+    no_hint = _record(policy, engine, store, 1, score=1)
+    only_hint = _record(policy, engine, store, 1, score=None, hint="Be brief.")
+    nothing = _record(policy, engine, store, 1, score=None)
+    learner = _learner(policy, engine, store, tmp, method="opd", batch=1)
+    asyncio.run(learner.collect())
+    assert store.get_sample(no_hint[0]).reason == "no_hint"
+    assert store.get_sample(nothing[0]).reason == "no_judgment"
+    assert only_hint[0] in learner._ready
+    sample = learner._ready[only_hint[0]]
+    assert sample.teacher_logprobs is not None
+    # the hint changes the context, so the teacher's log-probs differ from the student's
+    assert sample.teacher_logprobs != pytest.approx(sample.sampling_logprobs, abs=1e-6)
+
+
+def test_crash_after_checkpoint_resumes_without_training_twice(world):
+    policy, engine, store, tmp = world
+    ids = _record(policy, engine, store, 4, score=1)
+    learner = _learner(policy, engine, store, tmp, method="rl")
+
+    def crash(records):
+        raise RuntimeError("killed before the samples rows were written")
+
+    store_record = store.record_samples
+    asyncio.run(learner.collect())
+    store.record_samples = crash
+    with pytest.raises(RuntimeError):
+        asyncio.run(learner.step_if_ready())
+    store.record_samples = store_record
+    assert all(store.get_sample(t) is None for t in ids)
+    # restart: a fresh learner resumes from the checkpoint written before the crash
+    fresh = _learner(policy, engine, store, tmp, method="rl")
+    version = fresh.resume()
+    assert version == 1 and fresh.trainer.step == 1
+    assert all(store.get_sample(t).status == "trained" for t in ids)
+    assert asyncio.run(fresh.collect()) == 0
