@@ -1,0 +1,112 @@
+"""The online loop in one object: judge worker + online learner beside a serving engine.
+
+``clawrl serve --method rl|opd|combine`` builds an :class:`OnlineService` and runs it as
+asyncio tasks in the server's event loop (the gateway keeps serving; training steps run in a
+worker thread; the engine swaps versions between requests). On a GPU box the same objects run
+unchanged; only the engine's device differs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from clawrl.store import Store
+from clawrl.trainer.judge_worker import JudgeFn, JudgeWorker
+from clawrl.trainer.metrics import MetricsWriter
+from clawrl.trainer.online import OnlineLearner, OnlineSettings
+from clawrl.trainer.trainer import Trainer, TrainerSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ServiceStatus:
+    """A snapshot for the live display and ``/metrics``."""
+
+    policy_version: int
+    steps: int
+    ready: int
+    trained: int
+    judged: int
+    drops: dict[str, int]
+    last_step_s: float
+
+
+class OnlineService:
+    """Runs the judge worker and the online learner until stopped.
+
+    Args:
+        store: the trajectory store shared with the gateway.
+        engine: the serving engine.
+        policy: the loaded policy (its base weights seed the trainer's copy; its tokenizer
+            renders teacher prompts).
+        judge: ``async (JudgeInput) -> Judgment``.
+        online: batching and method settings.
+        trainer_settings: optimisation settings.
+        output_dir: policies, checkpoints and metrics go here; a restart with the same
+            directory resumes from the latest checkpoint.
+        judge_timeout_s: most seconds one judgment may take.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        engine: Any,
+        policy: Any,
+        judge: JudgeFn,
+        online: OnlineSettings,
+        trainer_settings: TrainerSettings,
+        output_dir: str | Path,
+        *,
+        judge_timeout_s: float = 120.0,
+    ) -> None:
+        self.output_dir = Path(output_dir)
+        self.trainer = Trainer(
+            policy.model, trainer_settings, self.output_dir, policy_version=engine.policy_version
+        )
+        self.metrics = MetricsWriter(self.output_dir)
+        self.learner = OnlineLearner(
+            store, engine, policy.tokenizer, self.trainer, online, self.metrics
+        )
+        self.worker = JudgeWorker(store, judge, timeout_s=judge_timeout_s)
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def resume(self) -> int:
+        """Restore the latest checkpoint (if any); returns the policy version served."""
+        return self.learner.resume()
+
+    def start(self) -> None:
+        """Start both workers as tasks of the running event loop."""
+        self._stop.clear()
+        self._tasks = [
+            asyncio.create_task(self.worker.run(self._stop), name="clawrl-judge"),
+            asyncio.create_task(self.learner.run(self._stop), name="clawrl-learner"),
+        ]
+
+    async def stop(self) -> None:
+        """Ask both workers to stop and wait for them (a step in progress finishes first)."""
+        self._stop.set()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._tasks = []
+        self.metrics.close()
+
+    def status(self) -> ServiceStatus:
+        """Counters for displays."""
+        s = self.learner.state
+        return ServiceStatus(
+            policy_version=self.trainer.policy_version,
+            steps=s.steps,
+            ready=s.ready,
+            trained=s.trained,
+            judged=self.worker.judged,
+            drops=dict(s.drops),
+            last_step_s=s.last_step_s,
+        )
