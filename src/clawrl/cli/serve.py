@@ -1,0 +1,165 @@
+"""``clawrl serve``: the OpenAI-compatible gateway on the embedded engine, recording every call."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from clawrl.cli.common import add_config_options, config_from_args, quiet_transformers
+from clawrl.errors import ConfigError
+
+API_KEY_ENV = "CLAWRL_API_KEY"
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "serve",
+        help="serve the policy behind an OpenAI-compatible API and record every call",
+        description="Start the clawrl gateway: POST /v1/chat/completions (streaming, tools, n, "
+        "logprobs), GET /v1/models, /healthz, /metrics, POST /v1/feedback and "
+        "/v1/sessions/{id}/end. Every call is recorded token-exactly in the store. Binding an "
+        f"address other than loopback needs an API key (--api-key or ${API_KEY_ENV}).",
+        epilog="example: clawrl serve --model smollm2-135m --port 8000 --store clawrl.db",
+    )
+    p.add_argument("--model", help="model spec (default: smollm2-135m, the embedded model)")
+    p.add_argument("--host", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="TCP port (default 8000; 0 picks a free one)")
+    p.add_argument("--store", help="SQLite trajectory store (default clawrl.db)")
+    p.add_argument("--api-key", help=f"require this bearer key (or set ${API_KEY_ENV})")
+    p.add_argument("--served-model-name", help="name in /v1/models (default: the model spec)")
+    add_config_options(p)
+    p.set_defaults(func=run)
+
+
+def resolve_api_key(flag: str | None, configured: str | None) -> str | None:
+    """The API key: ``--api-key``, else ``$CLAWRL_API_KEY``, else the config's (empty = none)."""
+    for value in (flag, os.environ.get(API_KEY_ENV), configured):
+        if value is not None and value.strip():
+            return value.strip()
+    return None
+
+
+def check_bind(host: str, api_key: str | None) -> None:
+    """Refuse to expose the gateway beyond this machine without an API key.
+
+    Raises:
+        ConfigError: ``host`` is not a loopback address and no key is set.
+    """
+    from clawrl.gateway.auth import is_loopback
+
+    if not is_loopback(host) and api_key is None:
+        raise ConfigError(
+            f"refusing to bind {host!r} without an API key: anyone who can reach it could use "
+            f"the policy and write to the trajectory store. Pass --api-key KEY (or set "
+            f"{API_KEY_ENV}), or bind 127.0.0.1."
+        )
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening-ready TCP socket bound to ``host:port`` (port 0: a free one).
+
+    Raises:
+        ConfigError: the address cannot be bound (in use, not local).
+    """
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # Accepted connections inherit TCP_NODELAY; without it a keep-alive response written
+        # as headers + body waits ~40 ms for the client's delayed ACK (Nagle).
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.bind(addr)
+    except OSError as e:
+        raise ConfigError(f"cannot bind {host}:{port}: {e}") from e
+    return sock
+
+
+def _server(config: object) -> object:
+    """A uvicorn server that stops on SIGINT/SIGTERM without re-raising the signal afterwards
+    (uvicorn's default), so ``clawrl serve`` closes the engine and the store and exits 0."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            handled = (signal.SIGINT, signal.SIGTERM)
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+    return Server(config)  # type: ignore[arg-type]
+
+
+def _url_host(host: str) -> str:
+    if host in ("0.0.0.0", "::"):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    host = args.host or cfg.server.host
+    port = cfg.server.port if args.port is None else args.port
+    store_path = args.store or cfg.server.store
+    spec = args.model or cfg.model.spec
+    api_key = resolve_api_key(args.api_key, cfg.server.api_key)
+    check_bind(host, api_key)
+    sock = bind_socket(host, port)
+
+    quiet_transformers()
+    import uvicorn
+    from rich.console import Console
+
+    from clawrl.engine import TransformersEngine
+    from clawrl.gateway import create_app
+    from clawrl.models import load_policy
+    from clawrl.store import Store
+
+    err = Console(stderr=True)
+    with err.status(f"loading {spec}"):
+        policy = load_policy(spec, dtype=cfg.model.dtype, device=cfg.model.device)
+    kwargs = {"max_batch": cfg.engine.max_batch}
+    if cfg.engine.max_context is not None:
+        kwargs["max_context"] = cfg.engine.max_context
+    engine = TransformersEngine.from_policy(policy, **kwargs)
+    store = Store(store_path)
+    name = args.served_model_name or (Path(spec).name if Path(spec).is_dir() else spec)
+    try:
+        app = create_app(
+            engine, policy.tokenizer, store, model_name=name, api_key=api_key, defaults=cfg.sampling
+        )
+        bound = sock.getsockname()[1]
+        base = f"http://{_url_host(host)}:{bound}/v1"
+        auth = ' -H "Authorization: Bearer $CLAWRL_API_KEY"' if api_key else ""
+        print(f"clawrl gateway: serving {name} at {base}  (store: {store_path})", flush=True)
+        print(
+            f"  curl -N {base}/chat/completions{auth} -H 'Content-Type: application/json' \\\n"
+            f'    -d \'{{"model": "{name}", "stream": true, '
+            f'"messages": [{{"role": "user", "content": "Hi"}}]}}\'',
+            flush=True,
+        )
+        config = uvicorn.Config(
+            app, log_level="warning", lifespan="off", timeout_graceful_shutdown=30
+        )
+        _server(config).run(sockets=[sock])  # type: ignore[attr-defined]
+    finally:
+        engine.close()
+        store.close()
+        sock.close()
+        print("clawrl gateway: stopped (engine and store closed)", file=sys.stderr, flush=True)
+    return 0

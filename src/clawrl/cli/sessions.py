@@ -1,0 +1,97 @@
+"""``clawrl sessions list|show`` and ``clawrl export``: read the trajectory store."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from clawrl.cli.common import add_config_options, config_from_args
+from clawrl.errors import StoreError
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "sessions",
+        help="list recorded sessions or show one as a prefix tree",
+        description="Sessions recorded by the gateway. 'list' shows counts per session; 'show "
+        "ID' prints the session's prefix tree: each turn with its status, tokens, whether it "
+        "is trainable (and why not) and its next state.",
+        epilog="examples: clawrl sessions list --store clawrl.db; clawrl sessions show 3f2a...",
+    )
+    ssub = p.add_subparsers(dest="sessions_command", metavar="ACTION", required=True)
+    lst = ssub.add_parser("list", help="sessions with turn counts, newest first")
+    lst.add_argument("--limit", type=int, default=50, help="most sessions shown (50)")
+    lst.add_argument("--offset", type=int, default=0, help="skip this many newest sessions")
+    _store_option(lst)
+    lst.set_defaults(func=run_list)
+    show = ssub.add_parser("show", help="one session's tree, next states and trainability")
+    show.add_argument("session_id", metavar="ID", help="the session id")
+    _store_option(show)
+    show.set_defaults(func=run_show)
+
+    e = sub.add_parser(
+        "export",
+        help="export trajectories (token ids, loss masks, log-probs) as JSON lines",
+        description="Write one line per session: its training rows (ids, loss mask 1 exactly on "
+        "sampled tokens of trainable turns, sampling log-probs), its turns with next states, "
+        "and its feedback (see clawrl.trajectory.export).",
+        epilog="example: clawrl export --format jsonl --out trajectories.jsonl",
+    )
+    e.add_argument("--format", choices=["jsonl"], default="jsonl", help="output format (jsonl)")
+    e.add_argument("--out", metavar="FILE", help="output file (default: standard output)")
+    e.add_argument(
+        "--session", dest="sessions", action="append", metavar="ID", help="only this session"
+    )
+    _store_option(e)
+    e.set_defaults(func=run_export)
+
+
+def _store_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--store", help="SQLite trajectory store (default: server.store, clawrl.db)")
+    add_config_options(p)
+
+
+def _open_store(args: argparse.Namespace) -> Any:
+    """Open the existing store named by ``--store`` or the config.
+
+    Raises:
+        StoreError: no store file there.
+    """
+    from clawrl.store import Store
+
+    path = args.store or config_from_args(args).server.store
+    if not Path(path).is_file():
+        raise StoreError(f"no trajectory store at {path} (pass --store PATH)")
+    return Store(path)
+
+
+def run_list(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from clawrl.trajectory import list_sessions_table
+
+    with _open_store(args) as store:
+        Console().print(list_sessions_table(store, limit=args.limit, offset=args.offset))
+    return 0
+
+
+def run_show(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from clawrl.trajectory import format_session
+
+    with _open_store(args) as store:
+        Console().print(format_session(store, args.session_id))
+    return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from clawrl.trajectory import export_jsonl
+
+    with _open_store(args) as store:
+        n = export_jsonl(store, args.out if args.out else sys.stdout, args.sessions)
+    where = args.out or "standard output"
+    print(f"exported {n} trajectories to {where}", file=sys.stderr)
+    return 0

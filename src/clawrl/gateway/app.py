@@ -1,0 +1,95 @@
+"""The gateway ASGI app, composed from small modules.
+
+=====================  ==============================================================
+module                 does
+=====================  ==============================================================
+``routes_openai``      ``/v1/chat/completions``, ``/v1/models`` (also under ``/s/{id}``)
+``routes_clawrl``      ``/healthz``, ``/metrics``, ``/v1/sessions/{id}/end``, ``/v1/feedback``
+``schemas``            the request body and the policy for each field
+``prepare``            normalise + render + splice + prefill + attribute (worker thread)
+``splice``             exact recorded ids for history assistant messages
+``attribution``        session from URL / header / body, else by token prefix
+``choices``            per-choice text, parse, finish reason (stream and non-stream)
+``decode``             ids -> client-visible text (EOS dropped, stop strings cut)
+``streaming``          SSE, one chunk per token, disconnect -> incomplete turn
+``recorder``           turns into the store, committed before the answer
+``responses``          OpenAI response / chunk / logprobs JSON
+``errors``             OpenAI error shape for every error
+``auth``               API key middleware, key fingerprints, loopback check
+``metrics``            Prometheus text, request middleware
+``testing``            ``ScriptedEngine`` and ``LiveServer`` for tests
+=====================  ==============================================================
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+
+from clawrl.config import SamplingConfig
+from clawrl.engine import Engine
+from clawrl.gateway import routes_clawrl, routes_openai
+from clawrl.gateway.auth import ApiKeyMiddleware
+from clawrl.gateway.errors import install_error_handlers
+from clawrl.gateway.metrics import Metrics, RequestMetricsMiddleware
+from clawrl.gateway.state import GatewayState
+from clawrl.store import Store
+
+
+def create_app(
+    engine: Engine,
+    tokenizer: Any,
+    store: Store,
+    *,
+    model_name: str,
+    api_key: str | None = None,
+    defaults: SamplingConfig | None = None,
+) -> FastAPI:
+    """Build the gateway app over an engine, the policy's tokenizer and a store.
+
+    The app does not own its resources: whoever created the engine and the store closes them
+    (``clawrl serve`` does, after uvicorn has drained the requests in flight).
+
+    Args:
+        engine: any :class:`clawrl.engine.Engine` (``TransformersEngine``, a scripted engine).
+        tokenizer: the policy's Hugging Face tokenizer (its chat template renders prompts).
+        store: the trajectory store every call is recorded in.
+        model_name: the name served by ``/v1/models`` and echoed in responses; requests may
+            name any model.
+        api_key: when set, every route but ``/healthz`` requires it (401 otherwise).
+        defaults: sampling defaults for fields a request leaves out.
+
+    Returns:
+        The FastAPI app; ``app.state.gateway`` is its :class:`GatewayState`.
+    """
+    metrics = Metrics()
+    state = GatewayState(
+        engine=engine,
+        tokenizer=tokenizer,
+        store=store,
+        model_name=model_name,
+        api_key=api_key,
+        defaults=defaults or SamplingConfig.model_validate({}),
+        metrics=metrics,
+    )
+    app = FastAPI(
+        title="clawrl gateway",
+        summary="OpenAI-compatible policy server that records every call token-exactly.",
+        docs_url=None,
+        redoc_url=None,
+    )
+    app.state.gateway = state
+    install_error_handlers(
+        app, on_error=lambda kind: metrics.inc("clawrl_gateway_errors_total", kind=kind)
+    )
+    app.include_router(routes_clawrl.router)
+    app.include_router(routes_openai.router)
+    app.include_router(routes_openai.router, prefix="/s/{session_id}")
+    app.add_middleware(
+        ApiKeyMiddleware,
+        api_key=api_key,
+        on_reject=lambda: metrics.inc("clawrl_gateway_errors_total", kind="auth"),
+    )
+    app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
+    return app

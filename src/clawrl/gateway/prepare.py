@@ -1,0 +1,137 @@
+"""From a chat request to the exact prompt ids the engine receives, and the call's place in the
+store: normalise, render, splice recorded ids, prefill forced tool calls, attribute the session.
+
+Everything here blocks (tokenizer, SQLite); routes run :func:`prepare_call` in a worker thread.
+
+Forced tool calls: constrained decoding is not implemented, so with the fallback tool format
+(templates without native tools) ``tool_choice="required"`` prefills the assistant turn with
+``<tool_call>`` and a named function with ``<tool_call>{"name": "NAME", "arguments": `` — the
+exact text :func:`clawrl.chat.tool_call_text` renders for that call. The prefilled ids are part
+of the prompt the engine receives (never trained: clawrl did not sample them); the turn records
+their count as ``sampling_params["prefill_tokens"]`` so the next call can splice them back
+(:mod:`clawrl.gateway.splice`). With a native-tools template only the template's instruction
+applies.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from clawrl.chat import (
+    ChatMessage,
+    ToolChoice,
+    ToolSpec,
+    normalize_openai_messages,
+    normalize_openai_tools,
+    normalize_tool_choice,
+    render_prompt,
+    supports_native_tools,
+)
+from clawrl.chat.tool_format import TOOL_CALL_OPEN
+from clawrl.gateway.attribution import ExplicitSession, Link, link_by_prompt
+from clawrl.gateway.splice import splice_history
+from clawrl.store import SessionSource, Store, TurnRecord
+
+
+@dataclass
+class PreparedCall:
+    """A request rendered to ids and placed in a session.
+
+    Attributes:
+        messages: the normalised messages.
+        tools: the normalised tools (``[]`` when none).
+        tool_choice: the normalised choice.
+        tools_enabled: whether tools were offered (tool-call markup is parsed).
+        prompt_ids: exactly what the engine receives (spliced history + prefill), shape ``[p]``.
+        prefill_text: text forced at the start of the assistant turn (``""``: none).
+        prefill_tokens: how many trailing ``prompt_ids`` are the prefill.
+        session_id: the session the call is recorded in (created if new).
+        session_source: how it was attributed.
+        attribution: where exactly (``header:x-session-id``, ``inferred:prefix``, ...).
+        parent_turn_id: the hint of the turn this call continues.
+        spliced: ``(message index, turn id)`` of history messages whose ids were replaced.
+    """
+
+    messages: list[ChatMessage]
+    tools: list[ToolSpec]
+    tool_choice: ToolChoice
+    tools_enabled: bool
+    prompt_ids: list[int]
+    prefill_text: str
+    prefill_tokens: int
+    session_id: str
+    session_source: SessionSource
+    attribution: str
+    parent_turn_id: str | None
+    spliced: list[tuple[int, str]] = field(default_factory=list)
+
+
+def prefill_for(choice: ToolChoice, native: bool) -> str:
+    """The text forced at the start of the assistant turn for a tool choice (``""``: none)."""
+    if native or choice.mode not in ("required", "function"):
+        return ""
+    if choice.mode == "required":
+        return TOOL_CALL_OPEN
+    name = json.dumps(choice.name, ensure_ascii=False)
+    return f'{TOOL_CALL_OPEN}{{"name": {name}, "arguments": '
+
+
+def prepare_call(
+    tokenizer: Any,
+    store: Store,
+    raw_messages: Any,
+    raw_tools: Any,
+    raw_tool_choice: Any,
+    explicit: ExplicitSession | None,
+    *,
+    client_name: str | None = None,
+) -> PreparedCall:
+    """Normalise, render, splice, prefill and attribute one call (blocking).
+
+    Raises:
+        ClientInputError: (400) bad messages, tools or tool choice, or a template that rejects
+            the conversation; ``param`` names the field.
+        StoreError: the store could not be read or the session not created.
+    """
+    messages = normalize_openai_messages(raw_messages)
+    tools = normalize_openai_tools(raw_tools)
+    choice = normalize_tool_choice(raw_tool_choice, tools)
+    rendered = render_prompt(tokenizer, messages, tools, choice)
+    scope = explicit.session_id if explicit else None
+
+    def find_turns(h: str) -> list[TurnRecord]:
+        found = store.find_turns_by_output_hash(h, session_id=scope) if scope else []
+        return found or store.find_turns_by_output_hash(h)
+
+    spliced = splice_history(tokenizer, messages, rendered, find_turns)
+    native = supports_native_tools(tokenizer)
+    prefill = prefill_for(choice, native)
+    prefill_ids = tokenizer.encode(prefill, add_special_tokens=False) if prefill else []
+    prompt_ids = [*spliced.token_ids, *prefill_ids]
+    link: Link = link_by_prompt(store, prompt_ids, scope)
+    if explicit is not None:
+        if store.get_session(explicit.session_id) is None:  # a read, not a write, when known
+            store.get_or_create_session(explicit.session_id, explicit.source, client=client_name)
+        session_id, source, attribution = explicit.session_id, explicit.source, explicit.detail
+    elif link.session_id is not None:
+        session_id, source = link.session_id, SessionSource.INFERRED
+        attribution = f"inferred:{link.detail}"
+    else:
+        session = store.new_session(SessionSource.INFERRED, client=client_name)
+        session_id, source, attribution = session.id, SessionSource.INFERRED, "inferred:new"
+    return PreparedCall(
+        messages=messages,
+        tools=tools,
+        tool_choice=choice,
+        tools_enabled=bool(tools) and choice.mode != "none",
+        prompt_ids=prompt_ids,
+        prefill_text=prefill,
+        prefill_tokens=len(prefill_ids),
+        session_id=session_id,
+        session_source=source,
+        attribution=attribution,
+        parent_turn_id=link.parent_turn_id,
+        spliced=spliced.spliced,
+    )

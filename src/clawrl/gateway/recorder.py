@@ -1,0 +1,199 @@
+"""Turning one call's choices into store turns, written durably before the client hears back.
+
+One turn per choice (``choice_index``), with: session and parent hint, prompt ids exactly as the
+engine got them, sampled completion ids and their sampling log-probs, sampling params, policy
+version, finish reason, parsed output, latency, time to first token, client identity and the
+error kind if any. Status and trainability:
+
+* ``ok`` — the completion finished (stop or length) and was answered: trainable;
+* ``incomplete`` — the client disconnected mid-stream (or a sibling choice failed): never
+  trainable (reason ``incomplete``), ``finish_reason="aborted"``;
+* ``error`` — the engine failed or the prompt did not fit: never trainable (reason ``error``),
+  no completion unless tokens were sampled before the failure.
+
+Writes go through :meth:`clawrl.store.Store.record_turn` (committed and fsynced on return) in a
+worker thread, shielded from cancellation so a disconnecting client cannot interrupt them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.to_thread
+
+from clawrl.chat import ParsedCompletion
+from clawrl.engine import FinishReason, SamplingParams
+from clawrl.gateway.metrics import Metrics
+from clawrl.gateway.prepare import PreparedCall
+from clawrl.store import (
+    ApiProtocol,
+    Store,
+    TurnRecord,
+    TurnStatus,
+    UntrainableReason,
+    new_id,
+)
+
+
+@dataclass
+class CallContext:
+    """What every choice of one call shares.
+
+    Attributes:
+        prepared: the rendered, attributed call.
+        client: request facts (user-agent, remote address, key fingerprint, request id,
+            retry count, attribution).
+        sampling: the request-level sampling params to store (JSON object).
+        created_at: seconds since the epoch when the request arrived.
+        started: ``time.perf_counter()`` when the request arrived.
+        protocol: the client API.
+    """
+
+    prepared: PreparedCall
+    client: dict[str, Any]
+    sampling: dict[str, Any]
+    created_at: float = field(default_factory=time.time)
+    started: float = field(default_factory=time.perf_counter)
+    protocol: ApiProtocol = ApiProtocol.OPENAI_CHAT
+
+
+@dataclass
+class ChoiceResult:
+    """One choice's outcome, as the gateway saw it.
+
+    Attributes:
+        index: the choice index.
+        params: the engine sampling params of this choice.
+        token_ids: sampled ids so far, shape ``[c]``.
+        sampling_logprobs: their sampling log-probs, shape ``[c]``.
+        finish_reason: what the client was (or would have been) told: ``stop``, ``length``,
+            ``tool_calls``, or ``aborted`` for incomplete turns.
+        parsed: the parsed output sent to the client.
+        policy_version: the version that sampled the tokens.
+        ttft_s: seconds from request arrival to the first sampled token.
+        latency_s: seconds from request arrival to the last sampled token.
+        status: ok, incomplete or error.
+        error: the exception for error turns.
+        error_kind: its :func:`clawrl.gateway.errors.error_kind`.
+        turn_id: the id the turn is recorded under (known before recording).
+    """
+
+    index: int
+    params: SamplingParams
+    token_ids: list[int] = field(default_factory=list)
+    sampling_logprobs: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+    parsed: ParsedCompletion | None = None
+    policy_version: int = 0
+    ttft_s: float | None = None
+    latency_s: float | None = None
+    status: TurnStatus = TurnStatus.OK
+    error: BaseException | None = None
+    error_kind: str | None = None
+    turn_id: str = field(default_factory=new_id)
+
+
+def finish_reason_for(engine_finish: FinishReason | str | None, parsed: ParsedCompletion) -> str:
+    """OpenAI's finish reason: ``tool_calls`` when a normal stop produced tool calls."""
+    if engine_finish == FinishReason.LENGTH:
+        return "length"
+    if engine_finish == FinishReason.ABORTED:
+        return "aborted"
+    return "tool_calls" if parsed.tool_calls else "stop"
+
+
+def output_json(parsed: ParsedCompletion | None) -> dict[str, Any] | None:
+    """The turn's ``output`` column: ``{"content", "reasoning", "tool_calls": [{id, name,
+    arguments}]}``."""
+    if parsed is None:
+        return None
+    return {
+        "content": parsed.content,
+        "reasoning": parsed.reasoning,
+        "tool_calls": [
+            {"id": c.id, "name": c.name, "arguments": c.arguments} for c in parsed.tool_calls
+        ],
+    }
+
+
+def build_turn(ctx: CallContext, choice: ChoiceResult) -> TurnRecord:
+    """The :class:`~clawrl.store.TurnRecord` of one choice."""
+    p = ctx.prepared
+    sampling = {
+        **ctx.sampling,
+        "max_tokens": choice.params.max_tokens,
+        "temperature": choice.params.temperature,
+        "top_p": choice.params.top_p,
+        "top_k": choice.params.top_k,
+        "seed": choice.params.seed,
+        "stop": list(choice.params.stop),
+        "logprobs_top_k": choice.params.logprobs_top_k,
+        "prefill_tokens": p.prefill_tokens,
+    }
+    trainable = choice.status == TurnStatus.OK
+    reason = None
+    if choice.status == TurnStatus.INCOMPLETE:
+        reason = UntrainableReason.INCOMPLETE.value
+    elif choice.status == TurnStatus.ERROR:
+        reason = UntrainableReason.ERROR.value
+    elif not choice.token_ids:
+        trainable, reason = False, UntrainableReason.NO_COMPLETION.value
+    return TurnRecord(
+        id=choice.turn_id,
+        session_id=p.session_id,
+        prompt_ids=list(p.prompt_ids),
+        completion_ids=list(choice.token_ids),
+        sampling_logprobs=list(choice.sampling_logprobs),
+        parent_turn_id=p.parent_turn_id,
+        protocol=ctx.protocol,
+        request_messages=[m.model_dump(mode="json") for m in p.messages],
+        tools=[t.openai_format() for t in p.tools] or None,
+        sampling_params=sampling,
+        policy_version=choice.policy_version,
+        finish_reason=choice.finish_reason,
+        status=choice.status,
+        error_kind=choice.error_kind,
+        error_message=None if choice.error is None else str(choice.error)[:2000],
+        output=output_json(choice.parsed),
+        latency_s=choice.latency_s,
+        ttft_s=choice.ttft_s,
+        client=ctx.client,
+        session_source=p.session_source,
+        trainable=trainable,
+        untrainable_reason=reason,
+        created_at=ctx.created_at,
+        choice_index=choice.index,
+    )
+
+
+def _write(store: Store, turns: list[TurnRecord]) -> None:
+    for turn in turns:
+        store.record_turn(turn)
+
+
+async def record_choices(
+    store: Store, metrics: Metrics, ctx: CallContext, choices: list[ChoiceResult]
+) -> list[TurnRecord]:
+    """Record the choices' turns durably (worker thread, shielded from cancellation).
+
+    Returns:
+        The recorded turns, in choice order.
+
+    Raises:
+        StoreError: a turn could not be written (the caller answers 500: not acknowledged).
+    """
+    turns = [build_turn(ctx, c) for c in choices]
+    with anyio.CancelScope(shield=True):
+        await anyio.to_thread.run_sync(_write, store, turns)
+    for turn in turns:
+        metrics.inc("clawrl_gateway_turns_recorded_total", status=turn.status.value)
+        metrics.inc("clawrl_gateway_prompt_tokens_total", len(turn.prompt_ids))
+        metrics.inc("clawrl_gateway_completion_tokens_total", len(turn.completion_ids))
+        if turn.untrainable_reason is not None:
+            metrics.inc("clawrl_gateway_untrainable_turns_total", reason=turn.untrainable_reason)
+        if turn.ttft_s is not None:
+            metrics.observe("clawrl_gateway_ttft_seconds", turn.ttft_s)
+    return turns

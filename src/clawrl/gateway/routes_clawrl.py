@@ -1,0 +1,133 @@
+"""clawrl's own routes: health, metrics, ending sessions and explicit feedback.
+
+* ``GET /healthz`` — ``{"status": "ok", "model", "policy_version"}`` (no auth).
+* ``GET /metrics`` — Prometheus text (:mod:`clawrl.gateway.metrics`).
+* ``POST /v1/sessions/{id}/end`` — close a session: later calls are no longer linked to it by
+  prefix inference. 404 for an unknown session.
+* ``POST /v1/feedback`` — ``{"turn_id" | "session_id", "reward": -1..1, "comment"?}``: a
+  next-state signal for the judge and the trainer. 400 for a reward out of range or no id,
+  404 for an unknown turn or session.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio.to_thread
+from fastapi import APIRouter, Request
+from fastapi.responses import PlainTextResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from clawrl.errors import ClientInputError
+from clawrl.gateway.state import GatewayState
+from clawrl.store import FeedbackRecord, Store
+
+router = APIRouter()
+
+
+def _gw(request: Request) -> GatewayState:
+    return request.app.state.gateway
+
+
+@router.get("/healthz")
+async def healthz(request: Request) -> dict[str, Any]:
+    """Liveness: the served model and the policy version."""
+    gw = _gw(request)
+    return {
+        "status": "ok",
+        "model": gw.model_name,
+        "policy_version": int(getattr(gw.engine, "policy_version", 0)),
+    }
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> PlainTextResponse:
+    """Prometheus text exposition (format 0.0.4)."""
+    gw = _gw(request)
+    gw.metrics.read_engine(gw.engine)
+    return PlainTextResponse(gw.metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+def _end_session(store: Store, session_id: str) -> float | None:
+    if store.get_session(session_id) is None:
+        raise ClientInputError(
+            f"session {session_id!r} does not exist",
+            status=404,
+            param="session_id",
+            code="session_not_found",
+        )
+    store.end_session(session_id)
+    session = store.get_session(session_id)
+    return None if session is None else session.ended_at
+
+
+@router.post("/v1/sessions/{session_id}/end")
+async def end_session(session_id: str, request: Request) -> dict[str, Any]:
+    """End a session (idempotent).
+
+    Raises:
+        ClientInputError: 404 for an unknown session.
+    """
+    gw = _gw(request)
+    ended_at = await anyio.to_thread.run_sync(_end_session, gw.store, session_id)
+    return {"id": session_id, "object": "session", "ended": True, "ended_at": ended_at}
+
+
+class FeedbackRequest(BaseModel):
+    """``POST /v1/feedback`` body."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    turn_id: str | None = None
+    session_id: str | None = None
+    reward: float = Field(..., ge=-1.0, le=1.0, allow_inf_nan=False)
+    comment: str | None = Field(None, max_length=20_000)
+
+
+def _add_feedback(store: Store, body: FeedbackRequest) -> FeedbackRecord:
+    if body.turn_id is None and body.session_id is None:
+        raise ClientInputError("feedback needs a 'turn_id' or a 'session_id'", param="turn_id")
+    if body.turn_id is not None:
+        turn = store.get_turn(body.turn_id)
+        if turn is None:
+            raise ClientInputError(
+                f"turn {body.turn_id!r} does not exist",
+                status=404,
+                param="turn_id",
+                code="turn_not_found",
+            )
+        if body.session_id is not None and body.session_id != turn.session_id:
+            raise ClientInputError(
+                f"turn {body.turn_id!r} is not in session {body.session_id!r}",
+                param="session_id",
+            )
+    elif store.get_session(body.session_id or "") is None:
+        raise ClientInputError(
+            f"session {body.session_id!r} does not exist",
+            status=404,
+            param="session_id",
+            code="session_not_found",
+        )
+    return store.add_feedback(
+        body.reward, turn_id=body.turn_id, session_id=body.session_id, comment=body.comment
+    )
+
+
+@router.post("/v1/feedback")
+async def feedback(body: FeedbackRequest, request: Request) -> dict[str, Any]:
+    """Record explicit feedback on a turn or a session.
+
+    Raises:
+        ClientInputError: 400 (no id, reward out of [-1, 1]), 404 (unknown turn or session).
+    """
+    gw = _gw(request)
+    fb = await anyio.to_thread.run_sync(_add_feedback, gw.store, body)
+    return {
+        "id": fb.id,
+        "object": "feedback",
+        "turn_id": fb.turn_id,
+        "session_id": fb.session_id,
+        "reward": fb.reward,
+        "comment": fb.comment,
+        "created_at": fb.created_at,
+    }

@@ -1,0 +1,46 @@
+"""What every route shares: the engine, tokenizer, store, settings and metrics."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from clawrl.config import SamplingConfig
+from clawrl.engine import Engine
+from clawrl.gateway.metrics import Metrics
+from clawrl.store import Store
+
+
+@dataclass
+class GatewayState:
+    """The gateway's shared state (``app.state.gateway``).
+
+    Attributes:
+        engine: the token-level engine (any :class:`clawrl.engine.Engine`).
+        tokenizer: the policy's tokenizer (renders prompts, decodes completions).
+        store: the trajectory store every call is recorded in.
+        model_name: the served model name (``GET /v1/models``, the ``model`` of responses).
+        api_key: the required key, or ``None`` for no auth.
+        defaults: sampling defaults for fields a request leaves out.
+        metrics: the Prometheus metrics.
+        started_at: seconds since the epoch when the app was created.
+    """
+
+    engine: Engine
+    tokenizer: Any
+    store: Store
+    model_name: str
+    api_key: str | None = None
+    defaults: SamplingConfig = field(default_factory=lambda: SamplingConfig.model_validate({}))
+    metrics: Metrics = field(default_factory=Metrics)
+    started_at: float = field(default_factory=time.time)
+
+    @property
+    def stop_token_ids(self) -> frozenset[int]:
+        """Ids that always end a completion: the engine's EOS ids, else the tokenizer's EOS."""
+        ids = getattr(self.engine, "eos_token_ids", None)
+        if ids:
+            return frozenset(int(i) for i in ids)
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        return frozenset() if eos is None else frozenset({int(eos)})

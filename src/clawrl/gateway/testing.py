@@ -1,0 +1,265 @@
+"""Test helpers: a scripted engine and a live uvicorn server on an ephemeral port.
+
+:class:`ScriptedEngine` fakes the world's edge (STYLE.md item 11): its completions are fixed
+texts, tokenized with the real tokenizer plus EOS, emitted token by token through the real chat,
+protocol and recording layers. Use it where the client or the gateway is under test and the
+answer must be deterministic (tool calls, multi-turn sessions); use the tiny random model where
+only the plumbing matters.
+
+:class:`LiveServer` runs any ASGI app with uvicorn on ``127.0.0.1`` and a free port in a
+background thread and stops it by flag (no process to kill).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+from clawrl.engine import Completion, EngineStats, FinishReason, SamplingParams, TokenEvent
+from clawrl.errors import ContextLengthError, EngineClosedError, EngineError
+
+Reply = str | list[int] | BaseException
+"""A scripted reply: the completion text (sampled as its tokens + EOS), exact token ids (sampled
+as given), or an exception to raise instead."""
+
+
+class ScriptedEngine:
+    """An :class:`clawrl.engine.Engine` whose completions are scripted texts.
+
+    Each call takes the next reply from ``replies`` (then ``default_reply`` when they run out),
+    or asks ``reply_fn(prompt_ids, params)``. A text reply is sampled as
+    ``tokenizer.encode(text) + [EOS]`` with finish reason ``stop`` (a list of ids is sampled as
+    given, e.g. a non-canonical tokenization); ``max_tokens`` cuts it
+    (finish ``length``); a stop string ends it at the token completing it (finish ``stop``),
+    like the real engine. An exception reply is raised (before any token). Log-probs are
+    ``-0.01 * (1 + position % 10)`` nats, so they are distinguishable and exactly known.
+
+    Args:
+        tokenizer: the policy's tokenizer (real ids).
+        replies: scripted replies, consumed in order.
+        reply_fn: alternative to ``replies``: computes each reply from the prompt.
+        default_reply: the reply once ``replies`` is exhausted.
+        token_delay_s: sleep between streamed tokens (to test disconnects mid-stream).
+        fail_after_tokens: streamed calls raise :class:`EngineError` after this many tokens.
+        max_context: context window in tokens.
+
+    Attributes:
+        prompts: every prompt received, in order (the exact ids, for assertions).
+        params: the sampling params of every call, in order.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        replies: Sequence[Reply] = (),
+        *,
+        reply_fn: Callable[[list[int], SamplingParams], Reply] | None = None,
+        default_reply: Reply = "OK.",
+        token_delay_s: float = 0.0,
+        fail_after_tokens: int | None = None,
+        max_context: int = 8192,
+        policy_version: int = 0,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.replies: list[Reply] = list(replies)
+        self.reply_fn = reply_fn
+        self.default_reply = default_reply
+        self.token_delay_s = token_delay_s
+        self.fail_after_tokens = fail_after_tokens
+        self.max_context = max_context
+        self.policy_version = policy_version
+        self.eos_token_ids = frozenset({int(tokenizer.eos_token_id)})
+        self.stats = EngineStats()
+        self.prompts: list[list[int]] = []
+        self.params: list[SamplingParams] = []
+        self.cancelled = 0
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def _next_reply(self, prompt: list[int], params: SamplingParams) -> Reply:
+        if self.reply_fn is not None:
+            return self.reply_fn(prompt, params)
+        with self._lock:
+            return self.replies.pop(0) if self.replies else self.default_reply
+
+    def script_ids(self, text: str) -> list[int]:
+        """The ids a text reply is sampled as: its tokens followed by EOS."""
+        return [*self.tokenizer.encode(text, add_special_tokens=False), self.tokenizer.eos_token_id]
+
+    def _plan(
+        self, prompt_ids: Sequence[int], params: SamplingParams
+    ) -> tuple[list[int], FinishReason]:
+        prompt = [int(i) for i in prompt_ids]
+        if not prompt:
+            raise EngineError("empty prompt: at least one token id is required")
+        if len(prompt) >= self.max_context:
+            raise ContextLengthError(len(prompt), self.max_context)
+        if self._closed:
+            raise EngineClosedError("engine is closed")
+        with self._lock:
+            self.prompts.append(prompt)
+            self.params.append(params)
+            self.stats.requests += 1
+            self.stats.prompt_tokens += len(prompt)
+        reply = self._next_reply(prompt, params)
+        if isinstance(reply, BaseException):
+            raise reply
+        ids = list(reply) if isinstance(reply, list) else self.script_ids(reply)
+        budget = max(1, min(params.max_tokens, self.max_context - len(prompt)))
+        for k in range(1, len(ids) + 1):
+            text = self.tokenizer.decode(ids[:k], skip_special_tokens=False)
+            if any(s and s in text for s in params.stop):
+                return ids[:k], FinishReason.STOP
+            if k >= budget and k < len(ids):
+                return ids[:k], FinishReason.LENGTH
+        return ids, FinishReason.STOP
+
+    @staticmethod
+    def logprob_at(position: int) -> float:
+        """The scripted sampling log-prob of the token at ``position`` (nats)."""
+        return -0.01 * (1 + position % 10)
+
+    async def generate_stream(
+        self, prompt_ids: Sequence[int], params: SamplingParams
+    ) -> AsyncIterator[TokenEvent]:
+        """Yield the scripted tokens one by one (``token_delay_s`` apart).
+
+        Raises:
+            ContextLengthError: the prompt does not fit.
+            EngineError: an exception reply was scripted, or ``fail_after_tokens`` was reached.
+        """
+        ids, finish = self._plan(prompt_ids, params)
+        version = self.policy_version
+        done = False
+        try:
+            for k, token in enumerate(ids):
+                if self.fail_after_tokens is not None and k >= self.fail_after_tokens:
+                    raise EngineError(f"scripted failure after {k} tokens")
+                if self.token_delay_s:
+                    await asyncio.sleep(self.token_delay_s)
+                last = k == len(ids) - 1
+                tops = [(token, self.logprob_at(k))][: params.logprobs_top_k]
+                if params.logprobs_top_k > 1:
+                    tops += [(0, -20.0)] * (params.logprobs_top_k - 1)
+                self.stats.generated_tokens += 1
+                yield TokenEvent(token, self.logprob_at(k), tops, finish if last else None, version)
+            done = True
+        finally:
+            if not done:
+                self.cancelled += 1
+
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
+        """The whole scripted completion (no delay).
+
+        Raises:
+            ContextLengthError, EngineError: as :meth:`generate_stream`.
+        """
+        start = time.perf_counter()
+        ids, finish = self._plan(prompt_ids, params)
+        self.stats.generated_tokens += len(ids)
+        tops = []
+        if params.logprobs_top_k:
+            tops = [[(t, self.logprob_at(k))] for k, t in enumerate(ids)]
+        return Completion(
+            token_ids=ids,
+            logprobs=[self.logprob_at(k) for k in range(len(ids))],
+            finish_reason=finish,
+            policy_version=self.policy_version,
+            prompt_tokens=len(prompt_ids),
+            top_logprobs=tops,
+            time_to_first_token=0.0,
+            latency=time.perf_counter() - start,
+        )
+
+    async def score(
+        self, prompt_ids: Sequence[int], target_ids: Sequence[int], *, temperature: float = 1.0
+    ) -> list[float]:
+        """Scripted log-probs of ``target_ids``: :meth:`logprob_at` by position."""
+        return [self.logprob_at(k) for k in range(len(target_ids))]
+
+    def load_policy(self, version: int, weights: object) -> None:
+        """Adopt ``version`` (weights are ignored).
+
+        Raises:
+            ValueError: ``version`` does not increase.
+        """
+        if version <= self.policy_version:
+            raise ValueError(f"policy versions only increase: {version} <= {self.policy_version}")
+        self.policy_version = version
+
+    def close(self) -> None:
+        """Refuse further requests."""
+        self._closed = True
+
+
+class LiveServer:
+    """An ASGI app served by uvicorn on ``127.0.0.1`` and an ephemeral port, in a thread.
+
+    Use as a context manager::
+
+        with LiveServer(app) as server:
+            client = openai.OpenAI(base_url=server.base_url, api_key="x")
+
+    Args:
+        app: the ASGI app.
+        host: the loopback address to bind.
+    """
+
+    def __init__(self, app: Any, host: str = "127.0.0.1") -> None:
+        import uvicorn
+
+        self.app = app
+        self.host = host
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # accepted connections inherit it: no ~40 ms Nagle/delayed-ACK stall on keep-alive
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._sock.bind((host, 0))
+        self.port: int = self._sock.getsockname()[1]
+        config = uvicorn.Config(
+            app, log_level="warning", lifespan="off", timeout_graceful_shutdown=5
+        )
+        self.server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self._sock]}, daemon=True
+        )
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:PORT``."""
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI base URL, ``http://127.0.0.1:PORT/v1``."""
+        return f"{self.url}/v1"
+
+    def start(self, timeout_s: float = 20.0) -> LiveServer:
+        """Start serving and wait until the server accepts connections.
+
+        Raises:
+            RuntimeError: it did not start within ``timeout_s``.
+        """
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"uvicorn did not start on {self.url}")
+            time.sleep(0.01)
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Ask uvicorn to exit (requests in flight finish) and wait for the thread."""
+        self.server.should_exit = True
+        self._thread.join(timeout_s)
+        self._sock.close()
+
+    def __enter__(self) -> LiveServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
