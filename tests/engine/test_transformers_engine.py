@@ -203,3 +203,13 @@ def test_in_flight_request_finishes_on_its_version(policy, engine):
     events, v, newer = run(scenario())
     assert {ev.policy_version for ev in events} == {0}
     assert v == 1 and newer.policy_version == 1
+
+
+def test_score_next_batch_equals_one_token_scores(policy, engine):
+    tok = policy.tokenizer
+    prompts = [_prompt(tok, "is this good?"), _prompt(tok, "a longer question " * 5)]
+    cands = [tok.encode(w, add_special_tokens=False)[0] for w in (" good", " bad", " neutral")]
+    got = run(engine.score_next_batch(prompts, cands, temperature=0.7))
+    for p, row in zip(prompts, got, strict=True):
+        for c, lp in zip(cands, row, strict=True):
+            assert lp == pytest.approx(run(engine.score(p, [c], temperature=0.7))[0], abs=1e-5)
