@@ -1,0 +1,258 @@
+"""Choice scoring: rank the allowed verdicts by calibrated log-probs (for small local models).
+
+A 135M model cannot follow a long answer format, but it can rank a few continuations. For vote
+``i`` with template ``t = CHOICE_TEMPLATES[i mod 5]`` (:mod:`clawrl.judge.prompts`: paraphrases
+that differ in wording, question position and verdict words) the prompt is the chat-rendered
+system + user message, the generation prompt, and ``t.answer_prefix``; it ends right before the
+verdict word.
+
+**Scores.** For each score ``s`` the engine returns the teacher-forced log-probs of the verdict
+continuation ``t.verdicts[s]`` (e.g. ``" good"``); the verdict's score is their **sum** (the
+log-probability of the whole continuation; every shipped verdict word is one SmolLM2 token, so
+sum and mean agree there, and the sum stays a proper probability for multi-token words). The
+three are renormalised over the verdict set: ``l(s|x) = log_softmax_s(sum_logprob(s|x))``.
+
+**Calibration** (contextual calibration, Zhao et al. 2021, "Calibrate Before Use"): the same
+prompt with the next state's text replaced by ``"N/A"`` is the content-free input ``x_cf``; the
+calibrated score is ``c(s) = l(s|x) - l(s|x_cf)``, i.e. ``p(s|x) / p(s|x_cf)`` renormalised —
+the paper's ``W = diag(p_cf)^-1`` with ``b = 0``. Because ``x_cf`` keeps the request and the turn,
+this removes the bias those contribute (and the verdict words' priors), leaving the evidence of
+the next state. Deviation: the paper averages several content-free strings; we use one.
+
+**Verdict.** ``argmax_s c(s)``; exact ties go to 0, then -1. If the best beats the runner-up by
+less than ``min_margin`` nats the vote abstains (``low_margin``; default 0: never).
+
+All 6 sequences per vote (3 verdicts x {real, content-free}) of all m votes are scored in one
+``engine.score_batch`` call, i.e. one padded forward pass. Choice votes carry no hint; see
+:func:`clawrl.judge.hints.extract_directive`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+from clawrl.chat import ChatMessage, render_prompt
+from clawrl.errors import ClawrlError
+from clawrl.judge.backends.base import failed_vote
+from clawrl.judge.prompts import (
+    CHOICE_TEMPLATES,
+    CONTENT_FREE,
+    ChoiceTemplate,
+    render_case,
+)
+from clawrl.judge.types import AbstainReason, BackendKind, HintStatus, JudgeInput, Score, Vote
+
+
+class ScoringEngine(Protocol):
+    """What choice scoring needs from an engine (:class:`clawrl.engine.TransformersEngine`)."""
+
+    async def score_batch(
+        self, items: Sequence[tuple[Sequence[int], Sequence[int]]], *, temperature: float = 1.0
+    ) -> list[list[float]]:
+        """Teacher-forced log-probs of each ``(prompt_ids, target_ids)`` pair, one pass."""
+        ...
+
+
+_TIE_ORDER = (Score.NEUTRAL, Score.BAD, Score.GOOD)  # earlier wins an exact tie
+
+
+def normalise(logprobs: Mapping[Score, float]) -> dict[Score, float]:
+    """Log-softmax over the verdict set: ``l(s) = x(s) - logsumexp_s' x(s')`` (nats)."""
+    top = max(logprobs.values())
+    lse = top + math.log(sum(math.exp(v - top) for v in logprobs.values()))
+    return {s: v - lse for s, v in logprobs.items()}
+
+
+def calibrated_verdict(
+    real: Mapping[Score, float],
+    content_free: Mapping[Score, float] | None,
+    *,
+    min_margin: float = 0.0,
+) -> tuple[Score | None, dict[Score, float]]:
+    """Pick the verdict from summed verdict log-probs (module doc).
+
+    Args:
+        real: summed log-prob of each verdict continuation after the real prompt (nats).
+        content_free: the same after the content-free prompt, or ``None`` to skip calibration.
+        min_margin: the best calibrated score must beat the runner-up by at least this (nats).
+
+    Returns:
+        ``(score or None when below the margin, calibrated scores per verdict)``.
+    """
+    cal = normalise(real)
+    if content_free is not None:
+        cf = normalise(content_free)
+        cal = {s: cal[s] - cf[s] for s in cal}
+    ranked = sorted(cal, key=lambda s: (-cal[s], _TIE_ORDER.index(s)))
+    if len(ranked) > 1 and cal[ranked[0]] - cal[ranked[1]] < min_margin:
+        return None, cal
+    return ranked[0], cal
+
+
+class ChoiceBackend:
+    """Calibrated choice scoring on a local :class:`clawrl.engine.Engine`.
+
+    Args:
+        engine: the engine running the judge model.
+        tokenizer: its tokenizer.
+        model: the judge model's name, for the record.
+        calibrate: subtract the content-free log-probs (default on).
+        min_margin: abstain below this calibrated margin (nats, default 0: never).
+        templates: the paraphrases; vote ``i`` uses ``templates[i mod len(templates)]``.
+    """
+
+    kind = BackendKind.CHOICE
+    batched = True
+    writes_hints = False
+
+    def __init__(
+        self,
+        engine: ScoringEngine,
+        tokenizer: Any,
+        *,
+        model: str = "",
+        calibrate: bool = True,
+        min_margin: float = 0.0,
+        templates: Sequence[ChoiceTemplate] = CHOICE_TEMPLATES,
+    ) -> None:
+        if not templates:
+            raise ValueError("choice scoring needs at least one template")
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.model = model
+        self.calibrate = calibrate
+        self.min_margin = min_margin
+        self.templates = tuple(templates)
+        self._in_flight: set[asyncio.Future[list[list[float]]]] = set()
+
+    def template(self, index: int) -> ChoiceTemplate:
+        """The template of vote ``index``."""
+        return self.templates[index % len(self.templates)]
+
+    def prompt_ids(
+        self, inp: JudgeInput, template: ChoiceTemplate, *, content_free: bool
+    ) -> list[int]:
+        """Token ids of one choice prompt, ending right before the verdict word."""
+        case = render_case(inp, next_state_text=CONTENT_FREE if content_free else None)
+        messages = [
+            ChatMessage(role="system", content=template.system),
+            ChatMessage(role="user", content=template.user_message(case)),
+        ]
+        ids = render_prompt(self.tokenizer, messages).token_ids
+        return ids + self.tokenizer.encode(template.answer_prefix, add_special_tokens=False)
+
+    def verdict_ids(self, template: ChoiceTemplate) -> dict[Score, list[int]]:
+        """Token ids of each verdict continuation of ``template``."""
+        return {
+            s: self.tokenizer.encode(w, add_special_tokens=False)
+            for s, w in template.verdicts.items()
+        }
+
+    async def votes(self, inp: JudgeInput, indices: Sequence[int]) -> list[Vote]:
+        """Score all votes' verdicts in one ``score_batch``; see :class:`JudgeBackend`."""
+        start = time.perf_counter()
+        items: list[tuple[list[int], list[int]]] = []
+        layout: list[tuple[int, ChoiceTemplate, list[Score]]] = []
+        next_prompts: list[list[int]] = []
+        next_cands: list[list[int]] = []
+        for i in indices:
+            t = self.template(i)
+            targets = self.verdict_ids(t)
+            prompts = [self.prompt_ids(inp, t, content_free=False)]
+            if self.calibrate:
+                prompts.append(self.prompt_ids(inp, t, content_free=True))
+            for p in prompts:
+                items.extend((p, targets[s]) for s in targets)
+                next_prompts.append(p)
+                next_cands.append([targets[s][0] for s in targets])
+            layout.append((i, t, list(targets)))
+        # Single-token verdicts (every shipped template's, for SmolLM2) need only the next-token
+        # distribution: one forward per prompt instead of one per (prompt, verdict).
+        single = all(len(ids) == 1 for _, ids in items) and hasattr(self.engine, "score_next_batch")
+        try:
+            # Shielded: the engine cannot abort a queued scoring pass, so a judge timeout only
+            # stops waiting for it; cancelling the engine's own future would make its thread
+            # fail when it resolves it. aclose() waits for such passes.
+            if single:
+                task = asyncio.ensure_future(self._score_next(next_prompts, next_cands))
+            else:
+                task = asyncio.ensure_future(self.engine.score_batch(items))
+            self._in_flight.add(task)
+            task.add_done_callback(self._in_flight.discard)
+            scored = await asyncio.shield(task)
+        except ClawrlError as e:
+            return [
+                failed_vote(
+                    i, AbstainReason.BACKEND_ERROR, f"engine: {e}", seed=i % len(self.templates)
+                )
+                for i in indices
+            ]
+        latency = time.perf_counter() - start
+        out: list[Vote] = []
+        pos = 0
+        for i, t, order in layout:
+            n = len(order)
+            real = {s: sum(scored[pos + k]) for k, s in enumerate(order)}
+            pos += n
+            cf = None
+            if self.calibrate:
+                cf = {s: sum(scored[pos + k]) for k, s in enumerate(order)}
+                pos += n
+            score, cal = calibrated_verdict(real, cf, min_margin=self.min_margin)
+            raw = json.dumps(
+                {
+                    "template": t.name,
+                    "logprob": {str(int(s)): round(v, 4) for s, v in real.items()},
+                    "content_free": {str(int(s)): round(v, 4) for s, v in (cf or {}).items()},
+                    "calibrated": {str(int(s)): round(v, 4) for s, v in cal.items()},
+                }
+            )
+            out.append(
+                Vote(
+                    index=i,
+                    score=score,
+                    abstain_reason=None if score is not None else AbstainReason.LOW_MARGIN,
+                    detail=None if score is not None else f"margin < {self.min_margin} nats",
+                    raw=raw,
+                    hint_status=HintStatus.ABSENT,
+                    seed=i % len(self.templates),
+                    latency_s=latency,
+                )
+            )
+        return out
+
+    async def _score_next(
+        self, prompts: list[list[int]], cands: list[list[int]]
+    ) -> list[list[float]]:
+        """Per (prompt, verdict) log-probs, as ``score_batch`` would give, from next-token scores.
+
+        Prompts sharing a candidate set are scored in one call (one forward per prompt)."""
+        out: list[list[float]] = []
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for k, c in enumerate(cands):
+            groups.setdefault(tuple(c), []).append(k)
+        rows: dict[int, list[float]] = {}
+        for c, ks in groups.items():
+            got = await self.engine.score_next_batch([prompts[k] for k in ks], list(c))  # type: ignore[attr-defined]
+            rows.update(zip(ks, got, strict=True))
+        for k in range(len(prompts)):
+            out.extend([v] for v in rows[k])
+        return out
+
+    async def aclose(self, *, wait_s: float = 60.0) -> None:
+        """Wait (at most ``wait_s`` seconds) for scoring passes whose judgment timed out, so
+        the engine can resolve them before the loop ends. The engine belongs to the caller."""
+        if self._in_flight:
+            await asyncio.wait(set(self._in_flight), timeout=wait_s)
+        for task in self._in_flight:
+            task.add_done_callback(_retrieve)
+
+
+def _retrieve(task: asyncio.Future[list[list[float]]]) -> None:
+    if not task.cancelled():
+        task.exception()

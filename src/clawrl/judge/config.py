@@ -1,0 +1,88 @@
+"""Judge settings: pydantic models with bounds, importable without torch.
+
+The backend is picked by a discriminated union on ``kind`` (``generative`` | ``choice`` |
+``openai``); see :func:`clawrl.judge.backends.build_backend`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class GenerativeJudgeConfig(_Section):
+    """Sampled verdicts from a local engine."""
+
+    kind: Literal["generative"] = "generative"
+    max_tokens: int = Field(default=192, ge=8, le=4096, description="Most tokens per vote.")
+    temperature: float = Field(
+        default=0.8, gt=0.0, le=2.0, description="Sampling temperature of every vote (> 0)."
+    )
+    top_p: float = Field(default=0.95, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    seed: int = Field(default=0, ge=0, description="Vote i samples with seed + i.")
+
+
+class ChoiceJudgeConfig(_Section):
+    """Calibrated choice scoring on a local engine (for small models)."""
+
+    kind: Literal["choice"] = "choice"
+    calibrate: bool = Field(
+        default=True, description="Subtract the content-free ('N/A' next state) log-probs."
+    )
+    min_margin: float = Field(
+        default=0.0, ge=0.0, description="Abstain when the best verdict wins by less (nats)."
+    )
+
+
+class OpenAIJudgeConfig(_Section):
+    """Any OpenAI-compatible chat-completions endpoint."""
+
+    kind: Literal["openai"] = "openai"
+    url: str = Field(min_length=1, description="API base, e.g. http://127.0.0.1:8000/v1.")
+    model: str = Field(min_length=1, description="The request's model field.")
+    api_key_env: str | None = Field(
+        default=None, description="Environment variable holding the API key (None: send no key)."
+    )
+    request_timeout_s: float = Field(
+        default=30.0, gt=0.0, le=600.0, description="Timeout of one HTTP request (seconds)."
+    )
+    max_retries: int = Field(default=2, ge=0, le=10, description="Retries after the first attempt.")
+    backoff_s: float = Field(
+        default=0.5, ge=0.0, le=60.0, description="First retry delay, doubled."
+    )
+    max_tokens: int = Field(default=256, ge=8, le=32768, description="max_tokens of each request.")
+    temperature: float = Field(default=0.8, gt=0.0, le=2.0, description="Sampling temperature.")
+    top_p: float = Field(default=0.95, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    seed: int = Field(default=0, ge=0, description="Vote i sends seed + i.")
+
+
+BackendConfig = Annotated[
+    GenerativeJudgeConfig | ChoiceJudgeConfig | OpenAIJudgeConfig, Field(discriminator="kind")
+]
+
+
+def _default_backend() -> BackendConfig:
+    return ChoiceJudgeConfig()
+
+
+class JudgeConfig(_Section):
+    """The PRM judge."""
+
+    backend: BackendConfig = Field(
+        default_factory=_default_backend, description="Which backend produces the votes."
+    )
+    model: str | None = Field(
+        default=None, description="Local judge model spec; None: the policy's base weights."
+    )
+    votes: int = Field(default=3, ge=1, le=32, description="Independent votes per judgment (m).")
+    timeout_s: float = Field(
+        default=60.0, gt=0.0, le=3600.0, description="Wall-clock limit of one judgment (seconds)."
+    )
+    hint_quorum: float = Field(
+        default=0.5, ge=0.0, le=1.0, description="Fraction of valid votes that must carry a hint."
+    )

@@ -1,0 +1,83 @@
+"""``clawrl judge eval`` on the tiny model (saved as a local HF dir) and a stub endpoint."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+
+from clawrl.cli import main
+from clawrl.judge import load_cases
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory, tiny):
+    d = tmp_path_factory.mktemp("tiny-judge-model")
+    tiny.model.save_pretrained(d)
+    tiny.tokenizer.save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def few_cases(tmp_path_factory):
+    cases = load_cases()
+    picked = [next(c for c in cases if c.category == cat) for cat in
+              ("praise", "correction", "tool_empty", "test_fail")]  # fmt: skip
+    p = tmp_path_factory.mktemp("cases") / "few.jsonl"
+    p.write_text("".join(c.model_dump_json() + "\n" for c in picked))
+    return p
+
+
+@pytest.mark.parametrize("backend", ["choice", "generative"])
+def test_eval_on_tiny_model(capsys, tmp_path, tiny_dir, few_cases, backend):
+    out = tmp_path / "results.jsonl"
+    args = ["judge", "eval", "--cases", str(few_cases), "--backend", backend, "--votes", "1",
+            "--model", str(tiny_dir), "--max-tokens", "8", "--output", str(out), "--json"]  # fmt: skip
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    for part in ("accuracy", "confusion matrix", "hint precision", "hint recall", "judgments/s"):
+        assert part in text
+    metrics = json.loads(text.strip().splitlines()[-1])
+    assert metrics["eval/cases"] == 4 and metrics["judge/votes"] == 1
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["id"] for r in rows] == ["praise-01", "correction-01", "tool_empty-01",
+                                       "test_fail-01"]  # fmt: skip
+    assert all(len(r["judgment"]["votes"]) == 1 for r in rows)
+    if backend == "choice":  # the choice backend always gives a verdict
+        assert metrics["eval/coverage"] == 1.0
+        # the heuristic finds the correction's directive whatever the model
+        assert rows[1]["judgment"]["hint"]["selection"] == "heuristic"
+    else:  # 8 random tokens never contain a Score: line
+        assert metrics["eval/coverage"] == 0.0 and metrics["eval/accuracy"] == 0.0
+
+
+def test_prefixes_table(capsys, tiny_dir, few_cases):
+    args = ["judge", "eval", "--cases", str(few_cases), "--votes", "3", "--prefixes", "1,2",
+            "--model", str(tiny_dir)]  # fmt: skip
+    assert main(args) == 0
+    assert "from the first K votes" in capsys.readouterr().out
+    assert main([*args[:-4], "--prefixes", "4", "--model", str(tiny_dir)]) == 1
+    assert "--prefixes must lie in 1..3" in capsys.readouterr().err
+
+
+def test_openai_backend_needs_url_and_model(capsys, few_cases):
+    assert main(["judge", "eval", "--cases", str(few_cases), "--backend", "openai"]) == 1
+    assert "--judge-url" in capsys.readouterr().err
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_openai_backend_against_unreachable_endpoint(capsys, few_cases):
+    # nothing listens on a just-closed ephemeral port: every vote is a backend_error abstention
+    url = f"http://127.0.0.1:{_closed_port()}/v1"
+    args = ["judge", "eval", "--cases", str(few_cases), "--backend", "openai", "--judge-url",
+            url, "--judge-model", "m", "--votes", "2", "--json"]  # fmt: skip
+    assert main(args) == 0
+    metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert metrics["eval/coverage"] == 0.0
+    assert metrics["judge/abstain/backend_error"] == 8

@@ -1,0 +1,106 @@
+"""Hint selection among votes and the heuristic directive extractor (clawrl.judge.hints)."""
+
+from __future__ import annotations
+
+import pytest
+
+from clawrl.judge import HintSelection, NextStateRole, extract_directive, overlap_f1, select_hint
+from clawrl.judge.hints import content_tokens
+
+
+def test_overlap_f1_hand_computed():
+    a = content_tokens("Read the file before editing it")  # read file before editing
+    b = content_tokens("Always read the config file first")  # always read config file first
+    # overlap {read, file} = 2; p = 2/4, r = 2/5 -> F1 = 2*0.5*0.4/0.9
+    assert overlap_f1(a, b) == pytest.approx(2 * 0.5 * 0.4 / 0.9)
+    assert overlap_f1(a, a) == 1.0
+    assert overlap_f1(a, []) == 0.0
+    assert overlap_f1(["x"], ["y"]) == 0.0
+
+
+def test_consensus_beats_longest(mk_vote):
+    votes = [
+        mk_vote(0, -1, "Read the file before editing it."),
+        # the longest hint, unsupported by the others (OpenClaw-RL would pick it)
+        mk_vote(
+            1,
+            -1,
+            "Consider being more careful with all operations, and think about what "
+            "the user might want in general before acting on anything at all.",
+        ),
+        mk_vote(2, -1, "Always read the file first before editing it."),
+    ]
+    h = select_hint(votes)
+    assert h is not None
+    assert h.selection == HintSelection.CONSENSUS
+    # content tokens: v0 = 4 (read file before editing), v2 = 6, v1 = 14 sharing only "before".
+    # F1(v0, v2) = 2*1*(4/6)/(1+4/6) = 0.8; F1(v0, v1) = 2/18; F1(v2, v1) = 0.1.
+    # support: v0 = (0.8 + 2/18)/2 = 0.4556 > v2 = (0.8 + 0.1)/2 = 0.45 > v1
+    assert h.text == "Read the file before editing it."
+    assert h.supporting_votes == [0, 2]  # v1's F1 with v0 (0.11) is below 0.3
+    assert h.support == pytest.approx((0.8 + 2 / 18) / 2, abs=1e-6)
+
+
+def test_tie_breaks_by_length_then_index(mk_vote):
+    same = "Use metric units for every distance."
+    h = select_hint([mk_vote(0, -1, same), mk_vote(1, -1, same)])
+    assert h is not None and h.supporting_votes == [0, 1]
+    h2 = select_hint(
+        [mk_vote(0, -1, "Use metric units for every distance please."), mk_vote(1, -1, same)]
+    )
+    assert h2 is not None and h2.text == same  # fewer content tokens wins the tie
+
+
+def test_quorum_half_of_valid_votes(mk_vote):
+    one_of_three = [
+        mk_vote(0, -1, "Read the file before editing it."),
+        mk_vote(1, -1),
+        mk_vote(2, -1),
+    ]
+    assert select_hint(one_of_three) is None
+    assert select_hint(one_of_three, quorum=0.0) is not None
+    two_of_three = [*one_of_three[:2], mk_vote(2, -1, "Check the file before you edit it.")]
+    assert select_hint(two_of_three) is not None
+    # abstentions do not count toward the valid votes, and their hints are ignored
+    with_abstain = [
+        mk_vote(0, -1, "Read the file before editing it."),
+        mk_vote(1, None),
+        mk_vote(2, None, "Some abstaining vote's hint text."),
+    ]
+    h = select_hint(with_abstain)
+    assert h is not None and h.selection == HintSelection.SINGLE and h.supporting_votes == [0]
+
+
+def test_no_candidates(mk_vote):
+    assert select_hint([mk_vote(0, 1), mk_vote(1, 1)]) is None
+    assert select_hint([]) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "role", "expected"),
+    [
+        (
+            "No, use an f-string instead of % formatting.",
+            "user",
+            "Use an f-string instead of % formatting.",
+        ),
+        (
+            "Thanks! Next time please also show the conversion factor.",
+            "user",
+            "Next time please also show the conversion factor.",
+        ),
+        ("Wrong. Keep it under 100 words.", "user", "Keep it under 100 words."),
+        ("Too long. Keep it short.", "user", "Keep it short."),
+        ("Try again.", "user", None),  # bare redo: no directive
+        ("nope, give me another one", "user", None),
+        ("Thanks, that's right!", "user", None),
+        ("Now write a poem about cats.", "user", None),  # a new request is not a correction
+        ("hint: don't push before pulling", "tool", None),  # tool output: never a directive
+        ("You should read the file first.", "feedback", "You should read the file first."),
+    ],
+)
+def test_extract_directive(text, role, expected):
+    h = extract_directive(text, NextStateRole(role))
+    assert (h.text if h else None) == expected
+    if h:
+        assert h.selection == HintSelection.HEURISTIC
