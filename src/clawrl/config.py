@@ -26,6 +26,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from clawrl.errors import ConfigError
+from clawrl.judge.config import JudgeConfig
 
 
 class _Section(BaseModel):
@@ -78,6 +79,40 @@ class ServerConfig(_Section):
     store: str = Field("clawrl.db", min_length=1, description="SQLite trajectory store path.")
 
 
+class TrainerConfig(_Section):
+    """The online loop (``clawrl serve --method ...``): samples, optimisation, versions."""
+
+    method: Literal["off", "rl", "opd", "combine"] = Field(
+        "off",
+        description="off: serve and record only; rl: Binary RL; opd: hindsight OPD; "
+        "combine: both (OpenClaw-RL).",
+    )
+    batch_size: int = Field(16, ge=1, le=4096, description="Samples per optimizer step.")
+    micro_batch_size: int = Field(4, ge=1, le=1024, description="Samples per forward/backward.")
+    lora_rank: int = Field(16, ge=1, le=1024, description="LoRA rank (all linear layers).")
+    lora_alpha: int = Field(32, ge=1, le=4096, description="LoRA alpha.")
+    full_finetune: bool = Field(False, description="Train all weights instead of LoRA.")
+    lr: float = Field(1e-4, gt=0.0, le=1.0, description="AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW weight decay.")
+    grad_clip: float = Field(1.0, ge=0.0, description="Max global grad norm; 0 disables.")
+    warmup_steps: int = Field(0, ge=0, description="Linear LR warmup, optimizer steps.")
+    max_staleness: int = Field(4, ge=0, description="Most policy versions a sample may lag.")
+    kl_beta: float = Field(0.02, ge=0.0, le=10.0, description="k3 KL penalty to the reference.")
+    eps_low: float = Field(0.2, ge=0.0, le=1.0, description="PPO lower clip.")
+    eps_high: float = Field(0.28, ge=0.0, le=10.0, description="PPO upper clip (clip-higher).")
+    w_rl: float = Field(1.0, ge=0.0, description="Combined advantage: weight of the RL reward.")
+    w_opd: float = Field(1.0, ge=0.0, description="Combined advantage: weight of OPD.")
+    teacher: Literal["policy", "base"] = Field(
+        "policy", description="OPD teacher: the current policy or the frozen base weights."
+    )
+    train_on_zero: bool = Field(False, description="Keep score-0 turns as samples.")
+    output_dir: str = Field(
+        "runs/online", min_length=1, description="Versions, checkpoints and metrics."
+    )
+    checkpoint_every: int = Field(1, ge=1, description="Checkpoint every N steps.")
+    seed: int = Field(0, ge=0, description="Trainer random seed.")
+
+
 class Config(BaseModel):
     """All clawrl settings, one section per component."""
 
@@ -87,6 +122,8 @@ class Config(BaseModel):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    judge: JudgeConfig = Field(default_factory=JudgeConfig)
 
 
 def _parse_value(raw: str) -> Any:
@@ -146,8 +183,15 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         raise ConfigError("invalid configuration:\n" + "\n".join(lines)) from e
 
 
+def _toml_value(value: Any) -> str:
+    if isinstance(value, dict):
+        inner = ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items() if v is not None)
+        return "{ " + inner + " }"
+    return json.dumps(value)
+
+
 def config_to_toml(config: Config) -> str:
-    """Render a config as TOML (for reports and ``clawrl config show``)."""
+    """Render a config as TOML (for reports and ``--config`` files); unset values as comments."""
     out: list[str] = []
     for section, model in config:
         out.append(f"[{section}]")
@@ -155,6 +199,6 @@ def config_to_toml(config: Config) -> str:
             if value is None:
                 out.append(f"# {key} = (unset)")
             else:
-                out.append(f"{key} = {json.dumps(value)}")
+                out.append(f"{key} = {_toml_value(value)}")
         out.append("")
     return "\n".join(out)

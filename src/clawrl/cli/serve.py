@@ -13,6 +13,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from clawrl.cli.common import add_config_options, config_from_args, quiet_transformers
+from clawrl.cli.online_options import (
+    add_online_options,
+    apply_online_flags,
+    build_judge,
+    build_service,
+)
 from clawrl.errors import ConfigError
 
 API_KEY_ENV = "CLAWRL_API_KEY"
@@ -34,6 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--store", help="SQLite trajectory store (default clawrl.db)")
     p.add_argument("--api-key", help=f"require this bearer key (or set ${API_KEY_ENV})")
     p.add_argument("--served-model-name", help="name in /v1/models (default: the model spec)")
+    add_online_options(p)
     add_config_options(p)
     p.set_defaults(func=run)
 
@@ -112,7 +119,7 @@ def _url_host(host: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = config_from_args(args)
+    cfg = apply_online_flags(config_from_args(args), args)
     host = args.host or cfg.server.host
     port = cfg.server.port if args.port is None else args.port
     store_path = args.store or cfg.server.store
@@ -139,10 +146,25 @@ def run(args: argparse.Namespace) -> int:
     engine = TransformersEngine.from_policy(policy, **kwargs)
     store = Store(store_path)
     name = args.served_model_name or (Path(spec).name if Path(spec).is_dir() else spec)
+    judge_engine = None
     try:
         app = create_app(
             engine, policy.tokenizer, store, model_name=name, api_key=api_key, defaults=cfg.sampling
         )
+        lifespan = "off"
+        if cfg.trainer.method != "off":
+            with err.status("starting the judge and the trainer"):
+                judge, judge_engine = build_judge(cfg, policy, cfg.engine.max_batch)
+                service = build_service(cfg, policy, engine, store, judge)
+                version = service.resume()
+            app.router.lifespan_context = service.lifespan  # type: ignore[assignment]
+            lifespan = "on"
+            print(
+                f"clawrl online loop: method={cfg.trainer.method} batch={cfg.trainer.batch_size}"
+                f" judge={cfg.judge.backend.kind} x{cfg.judge.votes} policy version {version}"
+                f" (output: {cfg.trainer.output_dir})",
+                flush=True,
+            )
         bound = sock.getsockname()[1]
         base = f"http://{_url_host(host)}:{bound}/v1"
         auth = ' -H "Authorization: Bearer $CLAWRL_API_KEY"' if api_key else ""
@@ -154,11 +176,13 @@ def run(args: argparse.Namespace) -> int:
             flush=True,
         )
         config = uvicorn.Config(
-            app, log_level="warning", lifespan="off", timeout_graceful_shutdown=30
+            app, log_level="warning", lifespan=lifespan, timeout_graceful_shutdown=30
         )
         _server(config).run(sockets=[sock])  # type: ignore[attr-defined]
     finally:
         engine.close()
+        if judge_engine is not None:
+            judge_engine.close()
         store.close()
         sock.close()
         print("clawrl gateway: stopped (engine and store closed)", file=sys.stderr, flush=True)

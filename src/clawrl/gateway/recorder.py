@@ -11,6 +11,9 @@ error kind if any. Status and trainability:
 * ``error`` — the engine failed or the prompt did not fit: never trainable (reason ``error``),
   no completion unless tokens were sampled before the failure.
 
+Side calls (:attr:`PreparedCall.side_kind`) are recorded with kind ``side``; messages left out
+of the prompt are listed in ``sampling_params["dropped_messages"]``.
+
 Writes go through :meth:`clawrl.store.Store.record_turn` (committed and fsynced on return) in a
 worker thread, shielded from cancellation so a disconnecting client cannot interrupt them.
 """
@@ -31,6 +34,7 @@ from clawrl.gateway.prepare import PreparedCall
 from clawrl.store import (
     ApiProtocol,
     Store,
+    TurnKind,
     TurnRecord,
     TurnStatus,
     UntrainableReason,
@@ -133,6 +137,8 @@ def build_turn(ctx: CallContext, choice: ChoiceResult) -> TurnRecord:
         "logprobs_top_k": choice.params.logprobs_top_k,
         "prefill_tokens": p.prefill_tokens,
     }
+    if p.dropped:
+        sampling["dropped_messages"] = list(p.dropped)
     trainable = choice.status == TurnStatus.OK
     reason = None
     if choice.status == TurnStatus.INCOMPLETE:
@@ -141,6 +147,8 @@ def build_turn(ctx: CallContext, choice: ChoiceResult) -> TurnRecord:
         reason = UntrainableReason.ERROR.value
     elif not choice.token_ids:
         trainable, reason = False, UntrainableReason.NO_COMPLETION.value
+    elif ctx.client.get("eval"):
+        trainable, reason = False, UntrainableReason.EVAL.value
     return TurnRecord(
         id=choice.turn_id,
         session_id=p.session_id,
@@ -148,6 +156,8 @@ def build_turn(ctx: CallContext, choice: ChoiceResult) -> TurnRecord:
         completion_ids=list(choice.token_ids),
         sampling_logprobs=list(choice.sampling_logprobs),
         parent_turn_id=p.parent_turn_id,
+        kind=TurnKind.SIDE if p.side_kind else TurnKind.MAIN,
+        side_kind=p.side_kind,
         protocol=ctx.protocol,
         request_messages=[m.model_dump(mode="json") for m in p.messages],
         tools=[t.openai_format() for t in p.tools] or None,

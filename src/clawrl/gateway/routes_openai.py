@@ -97,6 +97,8 @@ def client_info(request: Request, req: ChatCompletionRequest, prepared: Prepared
         "retry_count": int(retry) if retry is not None and retry.isdigit() else retry,
         "attribution": prepared.attribution,
         "requested_model": req.model,
+        # evaluation traffic (clawrl eval, the demo's before/after scores) is never trained on
+        "eval": True if h.get("x-clawrl-eval", "").strip() in ("1", "true") else None,
     }
     return {k: v for k, v in info.items() if v is not None}
 

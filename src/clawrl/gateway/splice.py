@@ -24,6 +24,13 @@ and linking calls into a trajectory by ids fails.
    edited the message (or dropped its reasoning, or a stop string cut it) gets the template's
    re-rendering, and the trajectory starts a new segment there: mismatched ids are never
    spliced.
+5. Second chance, for what the gateway itself normalised: the answer's parse strips whitespace
+   around the content (and a tool call is re-serialised), so a client that echoes our answer
+   verbatim can differ from the sampled text in whitespace only. When step 4 finds no run, the
+   rendered body is taken up to the first special token after the opener (``<|im_end|>``); if
+   its text equals the recorded body's text with all whitespace runs collapsed, it is replaced
+   (the rendered end token too when the recorded body ends with its own). The output hash
+   matched already, so the client did not change the message's content.
 
 The prompt text is unchanged by a splice (same decoded text), only its tokenization.
 """
@@ -174,4 +181,32 @@ def _locate(
         for b in ends[:MAX_END_CANDIDATES]:
             if decode(tokenizer, ids[a:b]) == target:
                 return a, b
+    return _locate_modulo_whitespace(tokenizer, ids, start, end, gen, body, special, used)
+
+
+def _squash(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _locate_modulo_whitespace(
+    tokenizer: Any,
+    ids: list[int],
+    start: int,
+    end: int,
+    gen: list[int],
+    body: list[int],
+    special: frozenset[int],
+    used: set[int],
+) -> tuple[int, int] | None:
+    """Rule 5: the rendered body up to its end token equals the recorded one but for spaces."""
+    target = _squash(decode(tokenizer, body))
+    n = len(gen)
+    for p in range(start, max(start, end - n) + 1):
+        if ids[p : p + n] != gen or p + n in used:
+            continue
+        a = p + n
+        e = next((b for b in range(a, end) if ids[b] in special), None)
+        if e is None or _squash(decode(tokenizer, ids[a:e])) != target:
+            continue
+        return a, (e + 1 if body and body[-1] in special else e)
     return None

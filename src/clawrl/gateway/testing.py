@@ -207,9 +207,11 @@ class LiveServer:
     Args:
         app: the ASGI app.
         host: the loopback address to bind.
+        lifespan: ``"on"`` runs the app's lifespan (e.g. the online loop of ``clawrl serve``
+            set on ``app.router.lifespan_context``); ``"off"`` by default.
     """
 
-    def __init__(self, app: Any, host: str = "127.0.0.1") -> None:
+    def __init__(self, app: Any, host: str = "127.0.0.1", lifespan: str = "off") -> None:
         import uvicorn
 
         self.app = app
@@ -221,7 +223,7 @@ class LiveServer:
         self._sock.bind((host, 0))
         self.port: int = self._sock.getsockname()[1]
         config = uvicorn.Config(
-            app, log_level="warning", lifespan="off", timeout_graceful_shutdown=5
+            app, log_level="warning", lifespan=lifespan, timeout_graceful_shutdown=5
         )
         self.server = uvicorn.Server(config)
         self._thread = threading.Thread(

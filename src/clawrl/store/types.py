@@ -73,6 +73,7 @@ class UntrainableReason(StrEnum):
     NO_COMPLETION = "no_completion"  # zero sampled tokens
     LOGPROBS_MISMATCH = "logprobs_mismatch"  # len(sampling_logprobs) != len(completion_ids)
     MARKED_UNTRAINABLE = "marked_untrainable"  # trainable=0 was recorded without a reason
+    EVAL = "eval"  # an evaluation request (header X-Clawrl-Eval: 1): measured, never trained
 
 
 @dataclass

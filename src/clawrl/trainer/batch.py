@@ -22,7 +22,7 @@ class Batch:
     attention_mask: Tensor  # [B, L] long
     loss_mask: Tensor  # [B, L-1] bool
     sampling_logprobs: Tensor  # [B, L-1] float
-    teacher_logprobs: Tensor | None  # [B, L-1] float, 0 where no hint
+    teacher_logprobs: Tensor  # [B, L-1] float, 0 where no hint (``has_hint`` False)
     has_hint: Tensor  # [B] bool
     rewards: Tensor  # [B] float (0 where None)
     has_reward: Tensor  # [B] bool
@@ -41,8 +41,7 @@ def collate(samples: list[TrainSample], pad_id: int = 0) -> Batch:
     attention = torch.zeros((b, length), dtype=torch.long)
     loss_mask = torch.zeros((b, length - 1), dtype=torch.bool)
     sampling = torch.zeros((b, length - 1), dtype=torch.float32)
-    any_teacher = any(s.teacher_logprobs is not None for s in samples)
-    teacher = torch.zeros((b, length - 1), dtype=torch.float32) if any_teacher else None
+    teacher = torch.zeros((b, length - 1), dtype=torch.float32)
     for i, s in enumerate(samples):
         seq = s.prompt_ids + s.completion_ids
         input_ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
@@ -50,7 +49,7 @@ def collate(samples: list[TrainSample], pad_id: int = 0) -> Batch:
         start, end = len(s.prompt_ids) - 1, len(seq) - 1
         loss_mask[i, start:end] = True
         sampling[i, start:end] = torch.tensor(s.sampling_logprobs, dtype=torch.float32)
-        if teacher is not None and s.teacher_logprobs is not None:
+        if s.teacher_logprobs is not None:
             teacher[i, start:end] = torch.tensor(s.teacher_logprobs, dtype=torch.float32)
     return Batch(
         input_ids=input_ids,

@@ -99,6 +99,7 @@ class LearnerState:
     drops: dict[str, int] = field(default_factory=dict)
     last_step_s: float = 0.0
     last_metrics: dict[str, float] = field(default_factory=dict)
+    errors: int = 0
 
 
 class OnlineLearner:
@@ -131,6 +132,8 @@ class OnlineLearner:
         self.state = LearnerState()
         self._ready: dict[str, TrainSample] = {}
         self._step_lock = asyncio.Lock()
+        self.step_limit: int | None = None
+        """When set, no step past this one is taken (the demo evaluates at fixed steps)."""
 
     # ---------------------------------------------------------------- resume
 
@@ -256,6 +259,8 @@ class OnlineLearner:
         """Train one step when ``batch_size`` samples are ready; returns its metrics."""
         if len(self._ready) < self.settings.batch_size:
             return None
+        if self.step_limit is not None and self.trainer.step >= self.step_limit:
+            return None
         async with self._step_lock:
             turn_ids = list(self._ready)[: self.settings.batch_size]
             samples = [self._ready[t] for t in turn_ids]
@@ -300,6 +305,11 @@ class OnlineLearner:
                 stepped = await self.step_if_ready()
             except ClawrlError as e:
                 log.error("online learner: %s", e)
+                self.state.errors += 1
+                stepped = None
+            except Exception:  # keep serving; the step is retried from the same samples
+                log.exception("online learner step failed")
+                self.state.errors += 1
                 stepped = None
             if stepped is None:
                 with contextlib.suppress(TimeoutError):

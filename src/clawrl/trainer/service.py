@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,7 +74,8 @@ class OnlineService:
         self.learner = OnlineLearner(
             store, engine, policy.tokenizer, self.trainer, online, self.metrics
         )
-        self.worker = JudgeWorker(store, judge, timeout_s=judge_timeout_s)
+        # the judge keeps its own deadline; the worker's is a guard for judges that do not
+        self.worker = JudgeWorker(store, judge, timeout_s=judge_timeout_s + 30.0)
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -89,14 +91,32 @@ class OnlineService:
             asyncio.create_task(self.learner.run(self._stop), name="clawrl-learner"),
         ]
 
-    async def stop(self) -> None:
-        """Ask both workers to stop and wait for them (a step in progress finishes first)."""
+    async def stop(self, grace_s: float = 5.0) -> None:
+        """Stop both workers: ask them, wait up to ``grace_s`` seconds, then cancel them.
+
+        Cancelling is safe at any point: a judgment not yet stored is redone on restart, and a
+        training step whose checkpoint was not written is redone from the same samples (their
+        ``samples`` rows are only written after the checkpoint).
+        """
         self._stop.set()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        if self._tasks:
+            _, pending = await asyncio.wait(self._tasks, timeout=grace_s)
+            for t in pending:
+                t.cancel()
+            for t in self._tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
         self._tasks = []
         self.metrics.close()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: object) -> AsyncIterator[None]:
+        """An ASGI lifespan: the loop runs while the server runs (``clawrl serve``)."""
+        self.start()
+        try:
+            yield
+        finally:
+            await self.stop()
 
     def status(self) -> ServiceStatus:
         """Counters for displays."""

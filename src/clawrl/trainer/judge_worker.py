@@ -1,0 +1,209 @@
+"""The judge worker: finds turns with a next state and no judgment, judges them, stores verdicts.
+
+Runs as an asyncio task beside the gateway. It never blocks serving: judgments are awaited with
+a timeout, and a failing judge becomes a stored "no judgment" with its reason (the trainer then
+counts the turn as ``drop/no_judgment``).
+
+Input building (:func:`judge_input`): the context is the turn's system prompt, its last user
+message and the earlier messages; the output is the turn's parsed content and tool calls; the
+next state is the text of the messages the environment added after the turn (user replies and
+tool results, joined by blank lines) with the role the trajectory linker gave it, or explicit
+feedback (``POST /v1/feedback``), which the judge takes as given.
+
+A turn whose session has ended and that never got a next state is stored with score ``None``
+and reason ``no_next_state``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from clawrl.chat import ChatMessage, ToolCall
+from clawrl.judge.types import (
+    JudgeContext,
+    JudgeInput,
+    Judgment,
+    TurnOutput,
+)
+from clawrl.judge.types import (
+    NextState as JudgeNextState,
+)
+from clawrl.judge.types import (
+    NextStateRole as JudgeRole,
+)
+from clawrl.store import DropReason, JudgmentRecord, Store, TurnKind, TurnRecord, TurnStatus
+from clawrl.trajectory import load_tree, next_state
+from clawrl.trajectory.next_state import NextState, NextStateRole
+
+log = logging.getLogger(__name__)
+
+JudgeFn = Callable[[JudgeInput], Awaitable[Judgment]]
+
+_ROLE = {
+    NextStateRole.USER: JudgeRole.USER,
+    NextStateRole.TOOL: JudgeRole.TOOL,
+    NextStateRole.ENVIRONMENT: JudgeRole.ENVIRONMENT,
+    NextStateRole.FEEDBACK: JudgeRole.FEEDBACK,
+}
+
+
+def _text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for p in content:
+            if isinstance(p, dict):
+                inner = p.get("text", p.get("content", p.get("output", "")))
+                parts.append(_text(inner))
+            else:
+                parts.append(str(p))
+        return "\n".join(x for x in parts if x)
+    return str(content)
+
+
+def judge_input(turn: TurnRecord, ns: NextState) -> JudgeInput:
+    """Build the judge's typed input for ``turn`` and its next state."""
+    messages = turn.request_messages or []
+    system = next((_text(m.get("content")) for m in messages if m.get("role") == "system"), None)
+    last_user_i = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
+    user = _text(messages[last_user_i].get("content")) if last_user_i >= 0 else None
+    history = []
+    for m in messages[:last_user_i] if last_user_i >= 0 else messages:
+        if m.get("role") in ("user", "assistant", "tool"):
+            history.append(ChatMessage(role=m["role"], content=_text(m.get("content")) or None))
+    out = turn.output or {}
+    calls = [
+        ToolCall(id=c.get("id", ""), name=c.get("name", ""), arguments=c.get("arguments") or {})
+        for c in out.get("tool_calls", []) or []
+        if isinstance(c, dict) and c.get("name")
+    ]
+    if ns.role == NextStateRole.FEEDBACK:
+        fb = ns.feedback[-1]
+        state = JudgeNextState(role=JudgeRole.FEEDBACK, text=fb.comment or "", reward=fb.reward)
+    else:
+        text = "\n\n".join(t for t in (_text(m.get("content")) for m in ns.messages) if t)
+        state = JudgeNextState(role=_ROLE[ns.role], text=text)
+    return JudgeInput(
+        context=JudgeContext(system=system, user=user, history=history),
+        output=TurnOutput(content=out.get("content"), tool_calls=calls),
+        next_state=state,
+    )
+
+
+def judgment_record(turn: TurnRecord, judgment: Judgment, role: str) -> JudgmentRecord:
+    """The store row for a :class:`Judgment`."""
+    return JudgmentRecord(
+        turn_id=turn.id,
+        session_id=turn.session_id,
+        score=None if judgment.score is None else int(judgment.score),
+        reason=None if judgment.no_judgment_reason is None else str(judgment.no_judgment_reason),
+        votes=[v.model_dump(mode="json") for v in judgment.votes],
+        hint=judgment.hint.text if judgment.hint else None,
+        hint_meta=judgment.hint.model_dump(mode="json") if judgment.hint else {},
+        backend=f"{judgment.backend}:{judgment.model}" if judgment.model else str(judgment.backend),
+        latency_s=judgment.latency_s,
+        next_state_role=role,
+    )
+
+
+class JudgeWorker:
+    """Polls the store and judges every turn that has a next state.
+
+    Args:
+        store: the trajectory store.
+        judge: ``async (JudgeInput) -> Judgment`` (e.g. a ``clawrl.judge`` judge's method).
+        timeout_s: the most seconds one judgment may take; past it the turn is stored with no
+            judgment (reason ``timeout``) and serving is unaffected.
+        concurrency: judgments in flight at once.
+        poll_interval_s: seconds between polls when idle.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        judge: JudgeFn,
+        *,
+        timeout_s: float = 120.0,
+        concurrency: int = 4,
+        poll_interval_s: float = 0.5,
+    ) -> None:
+        self.store = store
+        self.judge = judge
+        self.timeout_s = timeout_s
+        self.poll_interval_s = poll_interval_s
+        self._sem = asyncio.Semaphore(concurrency)
+        self.judged = 0
+        self.failed = 0
+        self.score_counts: dict[str, int] = {}
+
+    async def _judge_one(self, turn: TurnRecord, ns: NextState) -> None:
+        async with self._sem:
+            inp = judge_input(turn, ns)
+            t0 = time.perf_counter()
+            try:
+                judgment = await asyncio.wait_for(self.judge(inp), self.timeout_s)
+                rec = judgment_record(turn, judgment, str(ns.role))
+            except TimeoutError:
+                self.failed += 1
+                rec = JudgmentRecord(
+                    turn.id,
+                    turn.session_id,
+                    None,
+                    "worker",
+                    reason="timeout",
+                    latency_s=time.perf_counter() - t0,
+                    next_state_role=str(ns.role),
+                )
+            await asyncio.to_thread(self.store.record_judgment, rec)
+            self.judged += 1
+            key = "none" if rec.score is None else f"{rec.score:+d}"
+            self.score_counts[key] = self.score_counts.get(key, 0) + 1
+
+    def _pending(self, session_id: str) -> list[tuple[TurnRecord, NextState | None]]:
+        tree = load_tree(self.store, session_id)
+        session = self.store.get_session(session_id)
+        ended = session is not None and session.ended_at is not None
+        out = []
+        for tid, node in tree.nodes.items():
+            t = node.turn
+            if t.status != TurnStatus.OK or not t.trainable or t.kind != TurnKind.MAIN:
+                continue
+            if self.store.get_judgment(tid) is not None:
+                continue
+            ns = next_state(tree, tid)
+            if ns is not None or ended:
+                out.append((t, ns))
+        return out
+
+    async def poll_once(self) -> int:
+        """Judge everything judgeable now; returns how many turns were judged."""
+        sessions = await asyncio.to_thread(self.store.sessions_with_unjudged_turns, 200)
+        tasks = []
+        for sid in sessions:
+            for turn, ns in await asyncio.to_thread(self._pending, sid):
+                if ns is None:  # the session ended without a next state for this turn
+                    rec = JudgmentRecord(
+                        turn.id, sid, None, "worker", reason=str(DropReason.NO_NEXT_STATE)
+                    )
+                    await asyncio.to_thread(self.store.record_judgment, rec)
+                    continue
+                tasks.append(self._judge_one(turn, ns))
+        await asyncio.gather(*tasks)
+        return len(tasks)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Poll until ``stop`` is set."""
+        while not stop.is_set():
+            n = await self.poll_once()
+            if n == 0:
+                try:
+                    await asyncio.wait_for(stop.wait(), self.poll_interval_s)
+                except TimeoutError:
+                    continue

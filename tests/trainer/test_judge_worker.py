@@ -1,0 +1,77 @@
+"""JudgeWorker: next states from the store become stored judgments (scripted judge)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from clawrl.judge.types import BackendKind, Judgment, Score
+from clawrl.store import Store, TurnRecord
+from clawrl.trainer.judge_worker import JudgeWorker
+
+
+def _session(store, tok, reply="thanks, that's perfect"):
+    s = store.new_session()
+    q = [{"role": "system", "content": "be nice"}, {"role": "user", "content": "2+2?"}]
+    p1 = tok.apply_chat_template(q, add_generation_prompt=True, return_dict=False)
+    c1 = tok.encode("**4**<|im_end|>")
+    t1 = TurnRecord(
+        s.id,
+        p1,
+        c1,
+        [-0.5] * len(c1),
+        request_messages=q,
+        output={"content": "**4**", "tool_calls": []},
+    )
+    store.record_turn(t1)
+    env = tok.encode(f"\n<|im_start|>user\n{reply}<|im_end|>\n<|im_start|>assistant\n")
+    msgs2 = [*q, {"role": "assistant", "content": "**4**"}, {"role": "user", "content": reply}]
+    c2 = tok.encode("ok<|im_end|>")
+    t2 = TurnRecord(
+        s.id,
+        p1 + c1 + env,
+        c2,
+        [-0.1] * len(c2),
+        request_messages=msgs2,
+        output={"content": "ok", "tool_calls": []},
+    )
+    store.record_turn(t2)
+    return s.id, t1.id, t2.id
+
+
+def test_worker_judges_turns_with_a_next_state(tmp_path, tokenizer):
+    seen = []
+
+    async def judge(inp):
+        seen.append(inp)
+        return Judgment(score=Score.GOOD, backend=BackendKind.GENERATIVE, model="stub")
+
+    with Store(tmp_path / "s.db") as store:
+        sid, t1, t2 = _session(store, tokenizer)
+        worker = JudgeWorker(store, judge)
+        assert asyncio.run(worker.poll_once()) == 1  # t2 has no next state yet
+        j = store.get_judgment(t1)
+        assert j.score == 1 and j.next_state_role == "user" and j.backend == "generative:stub"
+        inp = seen[0]
+        assert inp.context.system == "be nice" and inp.context.user == "2+2?"
+        assert inp.output.content == "**4**"
+        assert inp.next_state.text == "thanks, that's perfect"
+        assert store.get_judgment(t2) is None
+        store.end_session(sid)
+        assert asyncio.run(worker.poll_once()) == 0
+        assert store.get_judgment(t2).reason == "no_next_state"
+        assert store.sessions_with_unjudged_turns() == []
+
+
+def test_feedback_is_a_next_state_and_a_slow_judge_times_out(tmp_path, tokenizer):
+    async def slow(inp):
+        await asyncio.sleep(5)
+
+    with Store(tmp_path / "s.db") as store:
+        _, t1, t2 = _session(store, tokenizer)
+        store.add_feedback(-1.0, turn_id=t2, comment="wrong")
+        worker = JudgeWorker(store, slow, timeout_s=0.2)
+        assert asyncio.run(worker.poll_once()) == 2
+        for t in (t1, t2):
+            j = store.get_judgment(t)
+            assert j.score is None and j.reason == "timeout"
+        assert store.get_judgment(t2).next_state_role == "feedback"
