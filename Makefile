@@ -32,7 +32,7 @@ install: $(VENV)/.runtime
 dev: $(VENV)/.dev
 
 demo: $(VENV)/.runtime
-	$(BIN)/clawrl generate --max-tokens 96 "In two sentences, what is reinforcement learning?"
+	$(BIN)/clawrl demo
 
 lint: $(VENV)/.dev
 	$(BIN)/ruff check src tests benchmarks examples
