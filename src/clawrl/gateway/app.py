@@ -4,6 +4,10 @@
 module                 does
 =====================  ==============================================================
 ``routes_openai``      ``/v1/chat/completions``, ``/v1/models`` (also under ``/s/{id}``)
+``routes_anthropic``   ``/v1/messages``, ``/v1/messages/count_tokens`` (also under ``/s/{id}``)
+``routes_responses``   ``/v1/responses`` (also under ``/s/{id}``)
+``protocol_call``      the shared single-choice call of the Anthropic and Responses routes
+``side_calls``         title / compaction side calls, by header or prompt text
 ``routes_clawrl``      ``/healthz``, ``/metrics``, ``/v1/sessions/{id}/end``, ``/v1/feedback``
 ``schemas``            the request body and the policy for each field
 ``prepare``            normalise + render + splice + prefill + attribute (worker thread)
@@ -29,7 +33,7 @@ from fastapi import FastAPI
 
 from clawrl.config import SamplingConfig
 from clawrl.engine import Engine
-from clawrl.gateway import routes_clawrl, routes_openai
+from clawrl.gateway import routes_anthropic, routes_clawrl, routes_openai, routes_responses
 from clawrl.gateway.auth import ApiKeyMiddleware
 from clawrl.gateway.errors import install_error_handlers
 from clawrl.gateway.metrics import Metrics, RequestMetricsMiddleware
@@ -84,8 +88,9 @@ def create_app(
         app, on_error=lambda kind: metrics.inc("clawrl_gateway_errors_total", kind=kind)
     )
     app.include_router(routes_clawrl.router)
-    app.include_router(routes_openai.router)
-    app.include_router(routes_openai.router, prefix="/s/{session_id}")
+    for router in (routes_openai.router, routes_anthropic.router, routes_responses.router):
+        app.include_router(router)
+        app.include_router(router, prefix="/s/{session_id}")
     app.add_middleware(
         ApiKeyMiddleware,
         api_key=api_key,

@@ -2,8 +2,9 @@
 
 With a key configured, every route but ``GET /healthz`` needs ``Authorization: Bearer KEY`` or
 ``x-api-key: KEY`` (the Anthropic SDK's header); otherwise it answers 401 in OpenAI's error
-shape. Keys are compared in constant time. A key is never stored or logged: turns record only
-:func:`key_fingerprint` of whatever key the client presented.
+shape (Anthropic's under ``/v1/messages``). Keys are compared in constant time. A key is never
+stored or logged: turns record only :func:`key_fingerprint` of whatever key the client
+presented.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from clawrl.gateway.errors import AuthError, status_and_body
+from clawrl.gateway.errors import AuthError, client_shaped, status_and_body
 
 
 def presented_key(request: Request) -> str | None:
@@ -93,6 +94,7 @@ class ApiKeyMiddleware:
             if self.on_reject is not None:
                 self.on_reject()
             status, body = status_and_body(e)
+            body = client_shaped(scope["path"], status, body)
             response = JSONResponse(
                 body, status_code=status, headers={"WWW-Authenticate": "Bearer"}
             )

@@ -125,8 +125,20 @@ def _format_loc(loc: list[str]) -> str:
     return out
 
 
+def client_shaped(
+    path: str, status: int, body: dict[str, Any], exc: BaseException | None = None
+) -> dict[str, Any]:
+    """``body`` in the error shape of the route's own protocol: Anthropic's
+    (:func:`clawrl.gateway.anthropic_format.error_json`) under ``/v1/messages``, else OpenAI's
+    (unchanged)."""
+    from clawrl.gateway.anthropic_format import error_json, is_anthropic_path
+
+    return error_json(status, body, exc) if is_anthropic_path(path) else body
+
+
 def install_error_handlers(app: FastAPI, on_error: Any = None) -> None:
-    """Register handlers that answer every error in OpenAI's shape.
+    """Register handlers that answer every error in OpenAI's shape (Anthropic's under the
+    Anthropic routes, :func:`client_shaped`).
 
     Args:
         app: the FastAPI app.
@@ -143,16 +155,15 @@ def install_error_handlers(app: FastAPI, on_error: Any = None) -> None:
         if status >= 500:
             log.error("%s %s failed: %s", request.method, request.url.path, exc)
         headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, AuthError) else None
+        body = client_shaped(request.url.path, status, body, exc)
         return JSONResponse(body, status_code=status, headers=headers)
 
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param, kind = _validation_message(exc)
         note(kind)
         code = "invalid_json" if kind == "invalid_json" else "invalid_value"
-        return JSONResponse(
-            error_body(message, "invalid_request_error", param=param, code=code),
-            status_code=400,
-        )
+        body = error_body(message, "invalid_request_error", param=param, code=code)
+        return JSONResponse(client_shaped(request.url.path, 400, body), status_code=400)
 
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
@@ -161,8 +172,9 @@ def install_error_handlers(app: FastAPI, on_error: Any = None) -> None:
         message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
         if exc.status_code == 404:
             message = f"no route {request.method} {request.url.path} ({message})"
+        body = error_body(message, type_, code=code)
         return JSONResponse(
-            error_body(message, type_, code=code),
+            client_shaped(request.url.path, exc.status_code, body),
             status_code=exc.status_code,
             headers=getattr(exc, "headers", None),
         )
@@ -170,10 +182,8 @@ def install_error_handlers(app: FastAPI, on_error: Any = None) -> None:
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error in %s %s", request.method, request.url.path)
         note("internal")
-        return JSONResponse(
-            error_body(f"internal error: {type(exc).__name__}: {exc}", "server_error"),
-            status_code=500,
-        )
+        body = error_body(f"internal error: {type(exc).__name__}: {exc}", "server_error")
+        return JSONResponse(client_shaped(request.url.path, 500, body, exc), status_code=500)
 
     for cls in (ClientInputError, EngineError, StoreError):
         app.add_exception_handler(cls, clawrl_error)

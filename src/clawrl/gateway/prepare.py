@@ -31,6 +31,8 @@ from clawrl.chat import (
 )
 from clawrl.chat.tool_format import TOOL_CALL_OPEN
 from clawrl.gateway.attribution import ExplicitSession, Link, link_by_prompt
+from clawrl.gateway.ephemeral import drop_ephemeral
+from clawrl.gateway.side_calls import side_kind_from_messages
 from clawrl.gateway.splice import splice_history
 from clawrl.store import SessionSource, Store, TurnRecord
 
@@ -52,6 +54,10 @@ class PreparedCall:
         attribution: where exactly (``header:x-session-id``, ``inferred:prefix``, ...).
         parent_turn_id: the hint of the turn this call continues.
         spliced: ``(message index, turn id)`` of history messages whose ids were replaced.
+        side_kind: ``None`` for a main call, else the side-call kind
+            (:mod:`clawrl.gateway.side_calls`); the turn is recorded with kind ``side``.
+        dropped: notes on client messages left out of the prompt
+            (:mod:`clawrl.gateway.ephemeral`); ``messages`` is without them.
     """
 
     messages: list[ChatMessage]
@@ -66,6 +72,8 @@ class PreparedCall:
     attribution: str
     parent_turn_id: str | None
     spliced: list[tuple[int, str]] = field(default_factory=list)
+    side_kind: str | None = None
+    dropped: list[str] = field(default_factory=list)
 
 
 def prefill_for(choice: ToolChoice, native: bool) -> str:
@@ -98,6 +106,36 @@ def prepare_call(
     messages = normalize_openai_messages(raw_messages)
     tools = normalize_openai_tools(raw_tools)
     choice = normalize_tool_choice(raw_tool_choice, tools)
+    return prepare_messages(
+        tokenizer, store, messages, tools, choice, explicit, client_name=client_name
+    )
+
+
+def prepare_messages(
+    tokenizer: Any,
+    store: Store,
+    messages: list[ChatMessage],
+    tools: list[ToolSpec],
+    choice: ToolChoice,
+    explicit: ExplicitSession | None,
+    *,
+    client_name: str | None = None,
+    side_kind: str | None = None,
+) -> PreparedCall:
+    """Render, splice, prefill and attribute already-normalised messages (blocking); every
+    protocol (chat completions, Anthropic Messages, Responses) ends up here. Ephemeral harness
+    messages are left out first (:func:`clawrl.gateway.ephemeral.drop_ephemeral`).
+
+    Args:
+        side_kind: a side-call kind the route already knows (e.g. from a header); otherwise it
+            is recognised from the messages
+            (:func:`clawrl.gateway.side_calls.side_kind_from_messages`).
+
+    Raises:
+        ClientInputError: (400) a template that rejects the conversation.
+        StoreError: the store could not be read or the session not created.
+    """
+    messages, dropped = drop_ephemeral(messages)
     rendered = render_prompt(tokenizer, messages, tools, choice)
     scope = explicit.session_id if explicit else None
 
@@ -134,4 +172,6 @@ def prepare_call(
         attribution=attribution,
         parent_turn_id=link.parent_turn_id,
         spliced=spliced.spliced,
+        side_kind=side_kind or side_kind_from_messages(messages),
+        dropped=dropped,
     )
