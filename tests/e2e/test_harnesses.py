@@ -62,8 +62,12 @@ def test_codex(harness_gateway, e2e):
         'wire_api = "responses"\n'
         'env_key = "LOCAL_API_KEY"\n'
     )
+    # Codex's own sandbox (workspace-write) wraps commands in bubblewrap when /usr/bin/bwrap
+    # exists, and then needs its codex-linux-sandbox helper, which the npm package does not put
+    # on PATH here ("bwrap: execvp codex-linux-sandbox"): the test is about the gateway, so the
+    # harness runs unsandboxed inside the test's temporary work dir.
     gw.run(
-        [str(codex), "exec", "--skip-git-repo-check", "-s", "workspace-write", e2e.task],
+        [str(codex), "exec", "--skip-git-repo-check", "-s", "danger-full-access", e2e.task],
         {"CODEX_HOME": str(codex_home), "LOCAL_API_KEY": "x"},
     )
     call = e2e.assert_run(gw, "header:session-id")
