@@ -395,7 +395,9 @@ class TransformersEngine:
 
         ids = torch.tensor([req.prompt_ids], dtype=torch.long, device=self._device)
         cache = DynamicCache(config=self.model.config)
-        out = self.model(input_ids=ids, use_cache=True, **{self._cache_kw: cache})
+        # logits of the last position only: a 10k-token prompt would otherwise materialise a
+        # [10k, vocab] float tensor (~2 GB for SmolLM2's 49k vocabulary)
+        out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **{self._cache_kw: cache})
         self.stats.prompt_tokens += len(req.prompt_ids)
         self.stats.requests += 1
         gen = None
@@ -547,17 +549,22 @@ class TransformersEngine:
             ids[i, length - len(s) :] = torch.tensor(s)
             mask[i, length - len(s) :] = 1
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        # Left padding puts every target at the end of its row: only the last ``keep``
+        # positions' logits are computed (the prompt's would cost [B, L, vocab] floats).
+        keep = max(len(t) for _, t in items) + 1
         logits = self.model(
             input_ids=ids.to(self._device),
             attention_mask=mask.to(self._device),
             position_ids=positions.to(self._device),
+            logits_to_keep=keep,
         ).logits
+        offset = length - logits.shape[1]  # position of logits[:, 0] in the full sequence
         out: list[list[float]] = []
         for i, (p, t) in enumerate(items):
             if not t:
                 out.append([])
                 continue
-            start = length - len(seqs[i]) + len(p) - 1
+            start = length - len(seqs[i]) + len(p) - 1 - offset
             rows = logits[i, start : start + len(t)]
             temp = torch.full((len(t),), float(temperature))
             lp = processed_logprobs(
