@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from clawrl import __version__
-from clawrl.cli import demo, doctor, eval, export_model, generate, judge, serve, sessions
+from clawrl.cli import demo, doctor, eval, export_model, generate, harness, judge, serve, sessions
 from clawrl.errors import ClawrlError
 
 DESCRIPTION = """\
@@ -22,7 +22,7 @@ Start here:
   clawrl generate --show-tokens "Hi"              ...and show each token id and log-prob
 """
 
-_MODULES = [demo, generate, doctor, serve, sessions, export_model, judge, eval]
+_MODULES = [demo, generate, doctor, serve, sessions, export_model, judge, eval, harness]
 
 
 def build_parser() -> argparse.ArgumentParser:

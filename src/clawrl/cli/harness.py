@@ -1,0 +1,208 @@
+"""``clawrl harness``: train and evaluate the policy through agent harnesses on verified tasks."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from clawrl.errors import ConfigError
+
+EPILOG = """\
+examples:
+  clawrl harness list
+  clawrl harness eval --tasks builtin --split heldout --harness reference --k 4
+  clawrl harness train --tasks builtin --harness reference --group-size 4 --steps 5 --out runs/h1
+  clawrl harness eval --tasks builtin --harness reference --k 4 --run runs/h1 --version 5
+  clawrl harness train --tasks builtin --harness reference,mini-swe-agent --steps 2 --out runs/mix
+"""
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "harness",
+        help="RL through unmodified agent harnesses in a sandbox (tasks with verifiers)",
+        description="Run agent harnesses (clawrl's reference agent, mini-swe-agent, Claude Code, "
+        "...) in sandboxes on tasks with verifiers, against the gateway; train with GRPO on the "
+        "verifier's reward, or evaluate Pass@1 / Pass@k.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    hsub = p.add_subparsers(dest="harness_command", metavar="ACTION", required=True)
+    lst = hsub.add_parser("list", help="list harness adapters and whether each is installed")
+    lst.set_defaults(func=cmd_list)
+
+    t = hsub.add_parser("train", help="GRPO/PPO through harness rollouts")
+    _common(t)
+    t.add_argument("--group-size", type=int, default=4, help="G rollouts per task+harness (4)")
+    t.add_argument("--steps", type=int, default=5, help="optimizer steps (5)")
+    t.add_argument("--tasks-per-step", type=int, default=4, help="tasks per step (4)")
+    t.add_argument(
+        "--method",
+        choices=["grpo", "ppo"],
+        default="grpo",
+        help="grpo: (r - mean) / std per group; ppo: r - mean (group baseline, no std)",
+    )
+    t.add_argument("--lr", type=float, default=5e-5, help="learning rate (5e-5)")
+    t.add_argument("--kl-beta", type=float, default=0.0, help="KL penalty to the base (0)")
+    t.add_argument("--micro-batch", type=int, default=4, help="samples per forward pass (4)")
+    t.add_argument("--out", default="runs/harness", help="output dir (runs/harness)")
+    t.set_defaults(func=cmd_train, split="train")
+
+    e = hsub.add_parser("eval", help="Pass@1 and Pass@k per harness")
+    _common(e)
+    e.add_argument("--k", type=int, default=4, help="rollouts per task (4)")
+    e.add_argument("--run", help="a 'harness train' output dir holding policies/vN")
+    e.add_argument("--version", type=int, help="evaluate policy version N of --run")
+    e.add_argument("--json", action="store_true", help="print JSON rows")
+    e.add_argument("--out", default="runs/harness-eval", help="rollout records (runs/harness-eval)")
+    e.set_defaults(func=cmd_eval, split="heldout")
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tasks", default="builtin", help="task suite dir, or 'builtin'")
+    p.add_argument("--split", choices=["train", "heldout", "all"], help="task split")
+    p.add_argument("--harness", default="reference", help="comma-separated adapters (reference)")
+    p.add_argument("--model", default="smollm2-135m", help="policy spec, or 'tiny' (tests)")
+    p.add_argument("--parallel", type=int, default=4, help="rollouts in flight (4)")
+    p.add_argument(
+        "--isolation", choices=["auto", "bwrap", "fallback"], default="auto", help="sandbox"
+    )
+    p.add_argument("--max-steps", type=int, help="reference agent step limit (task default)")
+    p.add_argument("--limit", type=int, help="use only the first N tasks")
+    p.add_argument("--time-limit", type=float, help="override every task's time limit (s)")
+
+
+def _tasks(args: argparse.Namespace) -> list[Any]:
+    from clawrl.harness.tasks import load_tasks
+
+    split = None if args.split == "all" else args.split
+    tasks = load_tasks(args.tasks, split=split)
+    if args.time_limit:
+        tasks = [dataclasses.replace(t, time_limit_s=args.time_limit) for t in tasks]
+    return tasks[: args.limit] if args.limit else tasks
+
+
+def _policy(spec: str) -> Any:
+    from clawrl.cli.common import quiet_transformers
+    from clawrl.models import load_policy, tiny_policy
+
+    quiet_transformers()
+    return tiny_policy(seed=0) if spec == "tiny" else load_policy(spec)
+
+
+def _runner(args: argparse.Namespace, policy: Any, engine: Any, store: Any, out: Path) -> Any:
+    from clawrl.harness.loop import HarnessRunner, HarnessSettings
+
+    options: dict[str, Any] = {}
+    if args.max_steps:
+        options["max_steps"] = args.max_steps
+    settings = HarnessSettings(
+        harnesses=[h.strip() for h in args.harness.split(",") if h.strip()],
+        group_size=getattr(args, "group_size", 1),
+        parallel=args.parallel,
+        isolation=args.isolation,
+        options=options,
+        model_name=policy.name if hasattr(policy, "name") else "policy",
+    )
+    return HarnessRunner(engine, policy.tokenizer, store, settings, out)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    """Print each adapter and whether its program is installed."""
+    from clawrl.harness.adapters import ADAPTERS
+    from clawrl.harness.sandbox import choose_isolation
+
+    for name, cls in ADAPTERS.items():
+        why = cls().missing()
+        print(f"{name:<16} {'installed' if why is None else why}")
+    print(f"sandbox isolation here: {choose_isolation('auto')}")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    """``clawrl harness train``."""
+    from clawrl.engine import TransformersEngine
+    from clawrl.harness.loop import train
+    from clawrl.store import Store
+    from clawrl.trainer import TrainerSettings
+    from clawrl.trainer.metrics import MetricsWriter
+    from clawrl.trainer.trainer import Trainer
+
+    tasks = _tasks(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    policy = _policy(args.model)
+    engine = TransformersEngine.from_policy(policy)
+    store = Store(out / "store.db")
+    settings = TrainerSettings(
+        method="opd", opd_clip=None, lr=args.lr, kl_beta=args.kl_beta,
+        micro_batch_size=args.micro_batch, max_staleness=1,
+    )  # fmt: skip
+    trainer = Trainer(policy.model, settings, out)
+    runner = _runner(args, policy, engine, store, out)
+    writer = MetricsWriter(out, tensorboard=False)
+    try:
+        history = train(
+            runner, trainer, tasks, steps=args.steps, tasks_per_step=args.tasks_per_step,
+            normalize_std=args.method == "grpo", metrics_writer=writer,
+        )  # fmt: skip
+    finally:
+        runner.close()
+        engine.close()
+        store.close()
+    for i, m in enumerate(history, 1):
+        per = "  ".join(
+            f"{k.split('/')[1]}={v:.2f}"
+            for k, v in m.items()
+            if k.startswith("harness/") and k.endswith("/reward_mean")
+        )
+        print(
+            f"step {i}: version={int(m['policy/version'])} reward={m['rollout/reward_mean']:.3f} "
+            f"[{per}] samples={int(m.get('samples/trained', 0))} "
+            f"skipped_zero_var={int(m['group/skipped_zero_variance'])} "
+            f"time={m['time/harness_step']:.1f}s"
+        )
+    print(f"isolation: {runner.isolation}; total {time.perf_counter() - t0:.1f}s; out: {out}")
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    """``clawrl harness eval``."""
+    from clawrl.engine import TransformersEngine
+    from clawrl.harness.loop import evaluate, format_eval, wait_for_version
+    from clawrl.store import Store
+
+    tasks = _tasks(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    policy = _policy(args.model)
+    engine = TransformersEngine.from_policy(policy)
+    version = 0
+    if args.version:
+        if not args.run:
+            raise ConfigError("--version needs --run DIR (a 'harness train' output dir)")
+        weights = Path(args.run) / "policies" / f"v{args.version}"
+        if not weights.is_dir():
+            raise ConfigError(f"no policy version {args.version} at {weights}")
+        engine.load_policy(args.version, str(weights))
+        wait_for_version(engine, args.version)
+        version = args.version
+    store = Store(out / "store.db")
+    runner = _runner(args, policy, engine, store, out)
+    try:
+        rows = evaluate(runner, tasks, k=args.k)
+    finally:
+        runner.close()
+        engine.close()
+        store.close()
+    if args.json:
+        print(json.dumps([{**r.__dict__, "version": version} for r in rows]))
+    else:
+        print(format_eval(rows, version))
+        print(f"isolation: {runner.isolation}; tasks: {len(tasks)} ({args.split})")
+    return 0

@@ -1,0 +1,83 @@
+"""Rollouts -> :class:`clawrl.trainer.TrainSample`, one per trainable turn, advantage attached.
+
+A rollout's turns are rebuilt into its prefix tree from the store
+(:func:`clawrl.trajectory.load_tree`); :func:`clawrl.trajectory.training_rows` decides which turns
+are trained (each sampled token in exactly one row); each trained turn becomes one sample
+``prompt_ids -> completion_ids`` (its own sampled tokens only, so environment tokens and context
+copies are never trained).
+
+How the rollout advantage reaches the shared trainer: the trainer's OPD estimator computes
+``A_t = teacher_logprobs_t - old_logprobs_t`` with ``old`` = the sampling log-probs and no clip
+(``TrainerSettings(method="opd", opd_clip=None)``). Setting ``teacher_logprobs_t =
+sampling_logprobs_t + A_i`` therefore gives exactly ``A_t = A_i`` on every sampled token, per
+sample (independent of micro-batching), through the unmodified trainer and PPO-clip loss. No
+teacher model is involved; ``reward`` holds ``A_i`` for the metrics.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from clawrl.store import Store
+from clawrl.trainer.types import TrainSample
+from clawrl.trajectory import load_tree, training_rows
+
+
+@dataclass
+class RolloutSamples:
+    """The samples of one step and the turns not trained, by reason."""
+
+    samples: list[TrainSample] = field(default_factory=list)
+    untrained: Counter[str] = field(default_factory=Counter)
+    rollouts_without_turns: int = 0
+
+
+def rollout_samples(
+    store: Store, rollout_id: str, advantage: float, group_id: int, meta: dict[str, object]
+) -> tuple[list[TrainSample], Counter[str]]:
+    """One sample per trained turn of rollout ``rollout_id``, each carrying ``advantage``."""
+    tree = load_tree(store, rollout_id)
+    samples: list[TrainSample] = []
+    untrained: Counter[str] = Counter()
+    for row in training_rows(tree):
+        untrained.update(row.untrained.values())
+        for turn_id in row.trained_turn_ids:
+            turn = tree.node(turn_id).turn
+            if not turn.completion_ids:
+                untrained["empty_completion"] += 1
+                continue
+            lps = [float(x) for x in turn.sampling_logprobs]
+            samples.append(
+                TrainSample(
+                    prompt_ids=list(turn.prompt_ids),
+                    completion_ids=list(turn.completion_ids),
+                    sampling_logprobs=lps,
+                    temperature=float(turn.sampling_params.get("temperature", 1.0)),
+                    reward=advantage,
+                    teacher_logprobs=[lp + advantage for lp in lps],
+                    policy_version=turn.policy_version,
+                    truncated=turn.finish_reason == "length",
+                    turn_id=turn.id,
+                    group_id=group_id,
+                    meta={**meta, "rollout": rollout_id},
+                )
+            )
+    return samples, untrained
+
+
+def step_samples(
+    store: Store, advantages: dict[str, float], groups: dict[str, str], harness: dict[str, str]
+) -> RolloutSamples:
+    """Samples of every rollout with an advantage (``groups``/``harness``: rollout -> key)."""
+    out = RolloutSamples()
+    group_ids = {key: i for i, key in enumerate(sorted(set(groups.values())))}
+    for rollout_id, adv in advantages.items():
+        meta = {"harness": harness[rollout_id], "group": groups[rollout_id]}
+        samples, untrained = rollout_samples(
+            store, rollout_id, adv, group_ids[groups[rollout_id]], meta
+        )
+        out.samples.extend(samples)
+        out.untrained.update(untrained)
+        out.rollouts_without_turns += not samples
+    return out

@@ -1,0 +1,55 @@
+"""mini-swe-agent (a real external harness) produces a rewarded rollout through the sandbox.
+
+Needs ``mini`` on PATH or at ``$CLAWRL_MINI_SWE_AGENT`` (e.g. its own venv); skipped otherwise.
+The engine is scripted: mini-swe-agent's bash tool call, then its submit command.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from clawrl.gateway.testing import ScriptedEngine
+from clawrl.harness.adapters.external import MiniSweAgentAdapter
+from clawrl.harness.loop import HarnessRunner, HarnessSettings
+from clawrl.harness.samples import rollout_samples
+from clawrl.harness.tasks import BUILTIN_TASKS, load_task
+from clawrl.store import Store
+
+# `make test` installs mini-swe-agent into .harnesses/ (scripts/install_harnesses.sh)
+_LOCAL_MINI = Path(__file__).resolve().parents[2] / ".harnesses" / "bin" / "mini"
+if _LOCAL_MINI.exists():
+    os.environ.setdefault("CLAWRL_MINI_SWE_AGENT", str(_LOCAL_MINI))
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(
+        MiniSweAgentAdapter().missing() is not None, reason="mini-swe-agent is not installed"
+    ),
+]
+CALL = '<tool_call>{{"name": "bash", "arguments": {{"command": "{}"}}}}</tool_call>'
+
+
+@pytest.mark.timeout(300)
+def test_mini_swe_agent_rollout_gets_reward_and_training_rows(tmp_path, tokenizer):
+    replies = [
+        CALL.format("echo hello > hello.txt"),
+        CALL.format("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"),
+    ]
+    engine = ScriptedEngine(tokenizer, replies, default_reply=replies[-1])
+    settings = HarnessSettings(harnesses=["mini-swe-agent"], parallel=1)
+    with Store(tmp_path / "s.db") as store:
+        runner = HarnessRunner(engine, tokenizer, store, settings, tmp_path)
+        try:
+            (rollout,) = runner.run(
+                [(load_task(BUILTIN_TASKS / "create-file-0"), runner.adapters[0], "g")]
+            )
+        finally:
+            runner.close()
+        assert rollout.reward == 1.0, rollout.harness_tail
+        turns = store.session_turns(rollout.id)
+        assert len(turns) == 2  # every call attributed to the rollout by its URL prefix
+        samples, _ = rollout_samples(store, rollout.id, 0.5, 0, {})
+        assert {s.turn_id for s in samples} == {t.id for t in turns}

@@ -1,0 +1,103 @@
+"""Two training steps through the reference harness: gateway, sandbox, verifier, prefix tree,
+group advantages, the shared trainer and published versions.
+
+The engine is scripted (the policy's answers decide the rewards, so they must be known); the
+trainer trains the tiny random model on the recorded token ids.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+
+import pytest
+
+from clawrl.gateway.testing import ScriptedEngine
+from clawrl.harness.loop import HarnessRunner, HarnessSettings, evaluate, train
+from clawrl.harness.samples import step_samples
+from clawrl.harness.tasks import BUILTIN_TASKS, load_task
+from clawrl.store import Store
+from clawrl.trainer import TrainerSettings
+from clawrl.trainer.trainer import Trainer
+
+
+def _engine(tokenizer):
+    """Alternates a correct command with a wrong one; a second call in a rollout says DONE."""
+    counter = itertools.count()
+    lock = threading.Lock()
+
+    def reply(prompt_ids, params):
+        text = tokenizer.decode(prompt_ids)
+        if "Output:" in text.rsplit("<|im_start|>user", 1)[-1]:
+            return "DONE"
+        with lock:
+            n = next(counter)
+        return "```bash\necho hello > hello.txt\n```" if n % 2 == 0 else "```bash\nls\n```"
+
+    return ScriptedEngine(tokenizer, reply_fn=reply)
+
+
+@pytest.mark.timeout(300)
+def test_two_training_steps_through_the_reference_harness(tmp_path, tiny):
+    engine = _engine(tiny.tokenizer)
+    task = load_task(BUILTIN_TASKS / "create-file-0")
+    settings = HarnessSettings(harnesses=["reference"], group_size=2, parallel=2)
+    trainer = Trainer(
+        tiny.model,
+        TrainerSettings(method="opd", opd_clip=None, kl_beta=0.0, micro_batch_size=2, lr=1e-3),
+        tmp_path / "run",
+    )
+    with Store(tmp_path / "s.db") as store:
+        runner = HarnessRunner(engine, tiny.tokenizer, store, settings, tmp_path / "run")
+        try:
+            history = train(runner, trainer, [task], steps=2, tasks_per_step=1, normalize_std=True)
+        finally:
+            runner.close()
+        assert [m["policy/version"] for m in history] == [1.0, 2.0]
+        assert engine.policy_version == 2
+        for m in history:
+            assert m["group/skipped_zero_variance"] == 0
+            assert m["harness/reference/rollouts"] == 2
+            assert m["rollout/reward_mean"] == 0.5  # one 1.0, one 0.0 (file missing)
+            assert m["samples/trained"] == 4  # 2 rollouts x (command turn + DONE turn)
+        rows = [
+            json.loads(x) for x in (tmp_path / "run" / "rollouts.jsonl").read_text().splitlines()
+        ]
+        assert len(rows) == 4
+        assert {r["isolation"] for r in rows} == {str(runner.isolation)}
+        assert sorted(r["reward"] for r in rows) == [0.0, 0.0, 1.0, 1.0]
+
+        # credit: every sampled token of each rollout is trained exactly once, with A = +-1
+        rollouts = {r["id"]: r for r in rows}
+        advantages = {rid: (1.0 if r["reward"] == 1.0 else -1.0) for rid, r in rollouts.items()}
+        built = step_samples(
+            store, advantages, {k: r["group"] for k, r in rollouts.items()},
+            {k: "reference" for k in rollouts},
+        )  # fmt: skip
+        turn_ids = [s.turn_id for s in built.samples]
+        assert len(turn_ids) == len(set(turn_ids)) == 8
+        for s in built.samples:
+            turn = store.get_turn(s.turn_id)
+            assert s.completion_ids == turn.completion_ids and s.prompt_ids == turn.prompt_ids
+            rid = str(s.meta["rollout"])
+            assert [
+                t - p for t, p in zip(s.teacher_logprobs, s.sampling_logprobs, strict=True)
+            ] == (pytest.approx([advantages[rid]] * len(s.completion_ids)))
+        versions = {store.get_turn(t).policy_version for t in turn_ids}
+        assert versions == {0, 1}  # step 2's rollouts ran on the published version 1
+
+
+@pytest.mark.timeout(300)
+def test_eval_reports_pass_at_k(tmp_path, tiny):
+    engine = _engine(tiny.tokenizer)
+    task = load_task(BUILTIN_TASKS / "create-file-0")
+    settings = HarnessSettings(harnesses=["reference"], parallel=2)
+    with Store(tmp_path / "s.db") as store:
+        runner = HarnessRunner(engine, tiny.tokenizer, store, settings, tmp_path / "ev")
+        try:
+            (row,) = evaluate(runner, [task], k=2)
+        finally:
+            runner.close()
+    assert row.rollouts == 2 and row.verifier_errors == 0
+    assert row.pass_at_1 == pytest.approx(0.5) and row.pass_at_k == pytest.approx(1.0)

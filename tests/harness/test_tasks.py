@@ -1,0 +1,74 @@
+"""The task format and the built-in suite: valid, split, shipped as generated, solvable."""
+
+from __future__ import annotations
+
+import filecmp
+import os
+
+import pytest
+
+from clawrl.errors import ConfigError
+from clawrl.harness.sandbox import Sandbox, choose_isolation
+from clawrl.harness.suite import write_suite
+from clawrl.harness.tasks import BUILTIN_TASKS, load_task, load_tasks
+from clawrl.harness.verify import run_verifier
+
+
+def test_builtin_suite_is_large_and_split():
+    tasks = load_tasks("builtin")
+    assert len(tasks) >= 40
+    heldout = load_tasks("builtin", split="heldout")
+    train = load_tasks("builtin", split="train")
+    assert len(heldout) >= 10 and len(train) >= 30
+    assert not {t.id for t in heldout} & {t.id for t in train}
+
+
+def test_shipped_suite_equals_the_generator(tmp_path):
+    ids = write_suite(tmp_path)
+    for task_id in ids:
+        cmp = filecmp.dircmp(tmp_path / task_id, BUILTIN_TASKS / task_id)
+        assert not (cmp.diff_files or cmp.left_only or cmp.right_only), task_id
+        assert os.access(BUILTIN_TASKS / task_id / "verify", os.X_OK)
+
+
+# One correct command per task kind (the reference agent's kind of answer).
+COMMANDS = {
+    "create-file-1": "echo apple > note.txt",
+    "write-number-2": "echo 100 > answer.txt",
+    "count-lines-3": "wc -l < data.txt > count.txt",
+    "find-word-0": "grep -l banana *.txt > answer.txt",
+    "fix-bug-3": "sed -i 's/min(a, b)/max(a, b)/' calc.py",
+    "make-dir-1": "mkdir logs",
+    "copy-file-2": "cp main.txt main.bak",
+    "rename-file-0": "mv old.txt new.txt",
+    "delete-file-3": "rm trash.txt",
+    "append-line-1": "echo bye >> notes.txt",
+    "replace-word-2": "sed -i 's/world/friend/' greeting.txt",
+}
+
+
+@pytest.mark.parametrize("task_id", sorted(COMMANDS))
+def test_each_kind_is_solvable_and_unsolved_scores_below_one(task_id):
+    task = load_task(BUILTIN_TASKS / task_id)
+    with Sandbox.create(choose_isolation(), files=task.files) as box:
+        assert run_verifier(task, box).reward < 1.0
+        r = box.run(["sh", "-c", COMMANDS[task_id]], gateway=False)
+        assert r.returncode == 0, r.stderr
+        assert run_verifier(task, box).reward == 1.0
+
+
+def test_a_wrong_fix_scores_zero():
+    task = load_task(BUILTIN_TASKS / "fix-bug-0")
+    with Sandbox.create(choose_isolation(), files=task.files) as box:
+        box.run(["sh", "-c", "sed -i 's/a - b/a * b/' calc.py"], gateway=False)
+        assert run_verifier(task, box).reward == 0.0
+
+
+def test_invalid_tasks_are_config_errors(tmp_path):
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "task.toml").write_text('instruction = "x"\n')
+    with pytest.raises(ConfigError, match="verify"):
+        load_task(tmp_path / "t")
+    (tmp_path / "t" / "task.toml").write_text('split = "train"\n')
+    with pytest.raises(ConfigError, match="instruction"):
+        load_task(tmp_path / "t")
