@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import httpx
+import pytest
 
 from clawrl.store import TurnStatus, UntrainableReason
 from clawrl.trajectory import load_tree, training_rows
@@ -72,3 +73,40 @@ def test_disconnect_on_the_real_engine_cancels_the_request(tiny_server):
     while tiny_server.engine.stats.batch_size and time.monotonic() < deadline:
         time.sleep(0.02)
     assert tiny_server.engine.stats.batch_size == 0
+
+
+def test_non_stream_client_timeout_cancels_and_records_incomplete(tmp_path):
+    """A non-streamed request whose client gives up stops generating and is never trained."""
+    import time as _time
+
+    import httpx
+
+    from clawrl.engine import TransformersEngine
+    from clawrl.gateway import create_app
+    from clawrl.gateway.testing import LiveServer
+    from clawrl.models import tiny_policy
+    from clawrl.store import Store, TurnStatus
+
+    policy = tiny_policy(seed=3, max_context=4096)
+    engine = TransformersEngine.from_policy(policy)
+    store = Store(tmp_path / "s.db")
+    server = LiveServer(create_app(engine, policy.tokenizer, store, model_name="t")).start()
+    try:
+        body = {"model": "t", "max_tokens": 3000, "ignore_eos": True,
+                "messages": [{"role": "user", "content": "go on forever"}]}  # fmt: skip
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(server.base_url + "/chat/completions", json=body, timeout=1.5)
+        deadline = _time.monotonic() + 30
+        turns = []
+        while _time.monotonic() < deadline:
+            turns = [t for sid in store.session_ids() for t in store.session_turns(sid)]
+            if turns:
+                break
+            _time.sleep(0.2)
+        assert len(turns) == 1
+        assert turns[0].status == TurnStatus.INCOMPLETE and not turns[0].trainable
+        assert engine.stats.batch_size == 0 or not engine._rows  # generation stopped
+    finally:
+        server.stop()
+        engine.close()
+        store.close()

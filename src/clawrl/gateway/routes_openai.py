@@ -31,6 +31,7 @@ from clawrl.errors import ClientInputError, ContextLengthError
 from clawrl.gateway.attribution import explicit_session
 from clawrl.gateway.auth import key_fingerprint, presented_key
 from clawrl.gateway.choices import StreamedChoice, complete_choice
+from clawrl.gateway.disconnect import until_disconnected
 from clawrl.gateway.errors import error_kind
 from clawrl.gateway.prepare import PreparedCall, prepare_call
 from clawrl.gateway.recorder import CallContext, ChoiceResult, record_choices
@@ -197,7 +198,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         )
         await stream.open()
         return SSEResponse(stream, headers=headers)
-    return await _complete(gw, body, ctx, choices, headers, parallel)
+    return await until_disconnected(  # type: ignore[return-value]
+        request, _complete(gw, body, ctx, choices, headers, parallel)
+    )
 
 
 async def _complete(
