@@ -25,9 +25,15 @@ def test_builtin_suite_is_large_and_split():
 
 def test_shipped_suite_equals_the_generator(tmp_path):
     ids = write_suite(tmp_path)
+    for empty in [d for d in tmp_path.glob("*/files") if not any(d.iterdir())]:
+        empty.rmdir()  # git keeps no empty directories, so a checkout has none
     for task_id in ids:
         cmp = filecmp.dircmp(tmp_path / task_id, BUILTIN_TASKS / task_id)
-        assert not (cmp.diff_files or cmp.left_only or cmp.right_only), task_id
+        right_only = [
+            n for n in cmp.right_only
+            if not (n == "files" and not any((BUILTIN_TASKS / task_id / n).iterdir()))
+        ]  # fmt: skip
+        assert not (cmp.diff_files or cmp.left_only or right_only), task_id
         assert os.access(BUILTIN_TASKS / task_id / "verify", os.X_OK)
 
 

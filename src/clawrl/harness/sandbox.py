@@ -224,10 +224,12 @@ class Sandbox:
             argv = [*launch, "/run/clawrl/gateway.sock", "--", *argv]
         out = ["bwrap", "--die-with-parent", "--new-session", "--unshare-all"]
         out += ["--hostname", "sandbox", "--clearenv"]
+        # /tmp first: bwrap applies mounts in order, and a later tmpfs on /tmp would hide a
+        # Python environment (or a read-only path) that lives under /tmp, e.g. a CI clone's venv
+        out += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
         for path in [*_SYSTEM_RO, *_python_roots(), *self.read_only]:
             if os.path.exists(path):
                 out += ["--ro-bind", path, path]
-        out += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
         for path in self.hidden:
             if os.path.isdir(path):
                 out += ["--tmpfs", path]
