@@ -49,6 +49,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     e.add_argument(
         "--judge-api-key-env", metavar="VAR", help="openai backend: env var holding the API key"
     )
+    e.add_argument(
+        "--request-timeout", type=float, default=30.0, help="openai: seconds per HTTP request (30)"
+    )
+    e.add_argument("--max-retries", type=int, default=2, help="openai: retries per vote (2)")
     e.add_argument("--timeout", type=float, default=120.0, help="seconds per judgment (120)")
     e.add_argument("--concurrency", type=int, default=4, help="cases judged at a time (4)")
     e.add_argument("--limit", type=int, default=None, help="judge only the first N cases")
@@ -83,6 +87,8 @@ def _backend_config(args: argparse.Namespace) -> Any:
             url=args.judge_url,
             model=args.judge_model,
             api_key_env=args.judge_api_key_env,
+            request_timeout_s=args.request_timeout,
+            max_retries=args.max_retries,
             **sampling,
         )
     if args.backend == "generative":
@@ -141,15 +147,24 @@ def run_eval(args: argparse.Namespace) -> int:
     backend = build_backend(backend_cfg, engine=engine, tokenizer=tokenizer, model=model_name)
     judge = Judge(backend, votes=args.votes, timeout_s=args.timeout)
 
+    label = f"{args.backend}, m={args.votes}"
+
     async def go() -> Any:
-        try:
-            return await evaluate(judge, cases, concurrency=args.concurrency)
-        finally:
-            await judge.aclose()
+        with err.status(f"judging {len(cases)} cases ({label})") as status:
+
+            def progress(done: int, total: int) -> None:
+                status.update(f"judged {done}/{total} cases ({label})")
+                # a log file gets one line per 10 cases instead of the spinner
+                if not err.is_terminal and (done % 10 == 0 or done == total):
+                    err.print(f"judged {done}/{total} cases ({label})")
+
+            try:
+                return await evaluate(judge, cases, concurrency=args.concurrency, progress=progress)
+            finally:
+                await judge.aclose()
 
     try:
-        with err.status(f"judging {len(cases)} cases ({args.backend}, m={args.votes})"):
-            report = asyncio.run(go())
+        report = asyncio.run(go())
     finally:
         if engine is not None:
             engine.close()

@@ -17,9 +17,10 @@ Definitions (all over the cases of the set):
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -170,19 +171,38 @@ class EvalReport:
         return out
 
 
-async def evaluate(judge: Judge, cases: Sequence[JudgeCase], *, concurrency: int = 4) -> EvalReport:
+async def evaluate(
+    judge: Judge,
+    cases: Sequence[JudgeCase],
+    *,
+    concurrency: int = 4,
+    progress: Callable[[int, int], None] | None = None,
+) -> EvalReport:
     """Judge every case and measure the results.
 
     Args:
         judge: the judge under test.
         cases: the labeled set.
         concurrency: cases judged at a time.
+        progress: called as ``progress(done, total)`` after each judgment.
 
     Returns:
         The :class:`EvalReport`.
     """
+    gate = asyncio.Semaphore(max(1, concurrency))
+    done = 0
+
+    async def one(case: JudgeCase) -> Judgment:
+        nonlocal done
+        async with gate:
+            j = await judge.judge(case.input)
+        done += 1
+        if progress is not None:
+            progress(done, len(cases))
+        return j
+
     start = time.perf_counter()
-    judgments = await judge.judge_many([c.input for c in cases], concurrency=concurrency)
+    judgments = await asyncio.gather(*(one(c) for c in cases))
     wall = time.perf_counter() - start
     return EvalReport(
         results=[CaseResult(c, j) for c, j in zip(cases, judgments, strict=True)],
