@@ -54,6 +54,8 @@ def test_two_training_steps_while_serving(tmp_path):
         TrainerSettings(method="combine", lr=1e-3, micro_batch_size=2),
         tmp_path / "out",
     )  # fmt: skip
+    lines: list[str] = []
+    service.learner.on_step = lambda m: lines.append(service.step_line(m))
     app = create_app(engine, policy.tokenizer, store, model_name="tiny")
     app.router.lifespan_context = service.lifespan
     server = LiveServer(app, lifespan="on").start()
@@ -95,6 +97,7 @@ def test_two_training_steps_while_serving(tmp_path):
     )
     assert [t.policy_version for t in turns] == sorted(t.policy_version for t in turns)
     assert versions_seen[0] == 0
+    assert lines[0].startswith("step 1: policy v1 | loss ") and "judged" in lines[0]
     rows = read_metrics(tmp_path / "out" / "metrics.jsonl")
     assert [r["step"] for r in rows][:2] == [1, 2]
     assert rows[1]["policy/version"] == 2.0 and rows[0]["hint/rate"] >= 0.0

@@ -157,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
                 judge, judge_engine = build_judge(cfg, policy, cfg.engine.max_batch)
                 service = build_service(cfg, policy, engine, store, judge)
                 version = service.resume()
+            service.learner.on_step = lambda m: print(service.step_line(m), flush=True)
             app.router.lifespan_context = service.lifespan  # type: ignore[assignment]
             lifespan = "on"
             print(

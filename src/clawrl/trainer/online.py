@@ -132,6 +132,8 @@ class OnlineLearner:
         self.state = LearnerState()
         self._ready: dict[str, TrainSample] = {}
         self._step_lock = asyncio.Lock()
+        self.on_step: Any = None
+        """Called with each step's metrics (``clawrl serve`` prints a one-line summary)."""
         self.step_limit: int | None = None
         """When set, no step past this one is taken (the demo evaluates at fixed steps)."""
 
@@ -295,6 +297,8 @@ class OnlineLearner:
             self.state.ready = len(self._ready)
             self.state.last_step_s = metrics["time/step_total"]
             self.state.last_metrics = metrics
+            if self.on_step is not None:
+                self.on_step(metrics)
             return metrics
 
     async def run(self, stop: asyncio.Event) -> None:

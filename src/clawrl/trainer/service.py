@@ -118,6 +118,18 @@ class OnlineService:
         finally:
             await self.stop()
 
+    def step_line(self, m: dict[str, float]) -> str:
+        """One line per training step for the server's console."""
+        drops = sum(self.learner.state.drops.values())
+        return (
+            f"step {int(m['step'])}: policy v{int(m['policy/version'])} | "
+            f"loss {m.get('loss', 0.0):+.4f} | reward {m.get('reward/mean', 0.0):+.2f} | "
+            f"hint rate {m.get('hint/rate', 0.0):.2f} | clip {m.get('clip/high_frac', 0.0):.3f}"
+            f"/{m.get('clip/low_frac', 0.0):.3f} | kl {m.get('kl/ref', 0.0):.4f} | "
+            f"{m.get('time/step_total', 0.0):.1f} s | judged {self.worker.judged} | "
+            f"dropped {drops}"
+        )
+
     def status(self) -> ServiceStatus:
         """Counters for displays."""
         s = self.learner.state
