@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -78,7 +79,9 @@ def test_combine_step_trains_publishes_and_counts_drops(world):
 
     m = asyncio.run(go())
     assert m is not None and m["policy/version"] == 1.0 and m["hint/rate"] == 0.5
-    asyncio.run(asyncio.sleep(0.2))
+    deadline = time.monotonic() + 60  # the engine swaps between its steps, asynchronously
+    while engine.policy_version != 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert engine.policy_version == 1
     counts = store.sample_counts()
     assert counts == {"trained": 4, "drop/zero_score": 1, "drop/untrainable": 1}
