@@ -64,6 +64,10 @@ def test_prefixes_table(capsys, tiny_dir, few_cases):
 def test_openai_backend_needs_url_and_model(capsys, few_cases):
     assert main(["judge", "eval", "--cases", str(few_cases), "--backend", "openai"]) == 1
     assert "--judge-url" in capsys.readouterr().err
+    bad = ["judge", "eval", "--cases", str(few_cases), "--backend", "openai", "--judge-url",
+           "http://127.0.0.1:1/v1", "--judge-model", "m", "--max-retries", "99"]  # fmt: skip
+    assert main(bad) == 1
+    assert "max_retries" in capsys.readouterr().err
 
 
 def _closed_port() -> int:

@@ -35,6 +35,9 @@ from clawrl.judge import AbstainReason, HintStatus, Score, parse_hint, parse_sco
         # refusals abstain (never a 0 or -1)
         ("I'm sorry, but I can't evaluate this conversation.", None, AbstainReason.REFUSAL),
         ("As an AI, I cannot judge.\nScore: unknown", None, AbstainReason.REFUSAL),
+        ("I cannot evaluate this turn without more context.", None, AbstainReason.REFUSAL),
+        # declining something else (a copied email) is not a refusal to judge
+        ("Unfortunately I'm unable to attend on Thursday.", None, AbstainReason.NO_SCORE_FIELD),
         ("", None, AbstainReason.EMPTY),
         ("   \n ", None, AbstainReason.EMPTY),
         ("The assistant did well overall.", None, AbstainReason.NO_SCORE_FIELD),

@@ -72,6 +72,23 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _backend_config(args: argparse.Namespace) -> Any:
+    """The typed backend config the arguments describe.
+
+    Raises:
+        JudgeError: missing or out-of-bounds options (the message names the field).
+    """
+    from pydantic import ValidationError
+
+    from clawrl.errors import JudgeError
+
+    try:
+        return _backend_config_unchecked(args)
+    except ValidationError as e:
+        lines = [f"  {'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()]
+        raise JudgeError("invalid judge options:\n" + "\n".join(lines)) from e
+
+
+def _backend_config_unchecked(args: argparse.Namespace) -> Any:
     from clawrl.errors import JudgeError
     from clawrl.judge.config import ChoiceJudgeConfig, GenerativeJudgeConfig, OpenAIJudgeConfig
 

@@ -49,7 +49,7 @@ class OpenAIJudgeConfig(_Section):
         default=None, description="Environment variable holding the API key (None: send no key)."
     )
     request_timeout_s: float = Field(
-        default=30.0, gt=0.0, le=600.0, description="Timeout of one HTTP request (seconds)."
+        default=30.0, gt=0.0, le=3600.0, description="Timeout of one HTTP request (seconds)."
     )
     max_retries: int = Field(default=2, ge=0, le=10, description="Retries after the first attempt.")
     backoff_s: float = Field(

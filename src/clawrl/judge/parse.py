@@ -15,7 +15,8 @@ followed by a period. Nothing else counts:
 * text after the last ``Score:`` line is ignored.
 
 A vote without a valid field abstains with a reason (:class:`AbstainReason`): ``empty``,
-``refusal`` (no valid field and the text declines, e.g. "I can't evaluate this"),
+``refusal`` (no valid field and the text declines: it opens with an apology, says "as an AI",
+or "I can't / won't / am unable to" help, judge, evaluate, rate ...),
 ``no_score_field`` or ``invalid_score``. A vote with a valid field counts even if it also says
 it is unsure: the field is the contract.
 
@@ -43,10 +44,13 @@ MAX_HINT_CHARS = 480
 _LINE_PREFIX = re.compile(r"^[\s>#*`_\-]*")
 _SCORE_LINE = re.compile(r"^score\s*[:：]", re.IGNORECASE)
 _SCORE_VALUE = re.compile(r"^(?P<value>\+?1|[-−–]1|[+-]?0)\.?$")
+_JUDGING = r"(?:help|assist|judge|evaluate|assess|rate|score|grade|comply|do\s+that|provide)"
 _REFUSAL = re.compile(
-    r"\b(?:i\s+(?:can(?:no|['’]?)t|am\s+(?:unable|not\s+able)|won['’]?t|will\s+not|refuse)"
-    r"|i['’]m\s+(?:sorry|unable|not\s+able)|as\s+an\s+ai\b|unable\s+to\s+(?:judge|evaluate|"
-    r"assess|determine))",
+    r"^\W*(?:i['’]m\s+sorry|i\s+apologi[sz]e|sorry,)"  # an apology that opens the output
+    r"|\bas\s+an\s+ai\b"
+    r"|\bi\s*(?:can(?:no|['’]?)t|am\s+(?:unable|not\s+able)|['’]m\s+(?:unable|not\s+able)|"
+    rf"won['’]?t|will\s+not|refuse)\s+(?:to\s+)?{_JUDGING}\b"
+    rf"|\bunable\s+to\s+{_JUDGING}\b",
     re.IGNORECASE,
 )
 _HINT_OPEN = re.compile(r"<hint>", re.IGNORECASE)

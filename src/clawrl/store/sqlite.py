@@ -86,20 +86,39 @@ class Store(LearningQueries):
     # -- connections -------------------------------------------------------------------------
 
     def _connect(self) -> sqlite3.Connection:
+        # Switching a new file to WAL needs an exclusive lock, and SQLite answers SQLITE_BUSY
+        # at once (without calling the busy handler) when that could deadlock with another
+        # opener doing the same. Retry such "locked"/"busy" answers until ``timeout_s``.
+        deadline = time.monotonic() + self.timeout_s
+        delay = 0.005
+        while True:
+            try:
+                return self._connect_once()
+            except sqlite3.OperationalError as exc:
+                message = str(exc).lower()
+                transient = "locked" in message or "busy" in message
+                if not transient or time.monotonic() + delay > deadline:
+                    raise StoreError(f"cannot open the store {self.path}: {exc}") from exc
+                time.sleep(delay)
+                delay = min(delay * 2, 0.2)
+            except sqlite3.Error as exc:
+                raise StoreError(f"cannot open the store {self.path}: {exc}") from exc
+
+    def _connect_once(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self.path, timeout=self.timeout_s, isolation_level=None, check_same_thread=False
+        )
         try:
-            conn = sqlite3.connect(
-                self.path, timeout=self.timeout_s, isolation_level=None, check_same_thread=False
-            )
             conn.row_factory = sqlite3.Row
             mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             if str(mode).lower() != "wal":
-                conn.close()
                 raise StoreError(f"{self.path}: WAL journal mode unavailable (got {mode!r})")
             conn.execute("PRAGMA synchronous=FULL")
             conn.execute("PRAGMA foreign_keys=ON")
             conn.execute(f"PRAGMA busy_timeout={int(self.timeout_s * 1000)}")
-        except sqlite3.Error as exc:
-            raise StoreError(f"cannot open the store {self.path}: {exc}") from exc
+        except BaseException:
+            conn.close()
+            raise
         return conn
 
     def _conn(self) -> sqlite3.Connection:
