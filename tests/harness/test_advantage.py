@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from clawrl.algorithms import AdvantageInputs, OPDAdvantage, compute_advantages
+from clawrl.algorithms import AdvantageInputs, PrecomputedAdvantage, compute_advantages
 from clawrl.harness.advantage import group_advantages
 from clawrl.trainer.batch import collate
 from clawrl.trainer.types import TrainSample
@@ -43,8 +43,8 @@ def test_groups_are_independent():
     assert out.advantages["a"] == pytest.approx(out.advantages["c"]) == pytest.approx(0.5**0.5)
 
 
-def test_opd_delivery_gives_exactly_the_rollout_advantage_on_every_token():
-    """teacher = sampling + A makes the trainer's OPD estimator return A on each sampled token."""
+def test_precomputed_advantage_reaches_every_sampled_token_exactly():
+    """reward = A_i with PrecomputedAdvantage gives A_t = A_i on each sampled token, 0 elsewhere."""
     samples = []
     for adv, n in [(0.866, 3), (-0.866, 5), (0.25, 1)]:
         lps = [-0.1 * (i + 1) for i in range(n)]
@@ -54,19 +54,23 @@ def test_opd_delivery_gives_exactly_the_rollout_advantage_on_every_token():
                 completion_ids=list(range(10, 10 + n)),
                 sampling_logprobs=lps,
                 reward=adv,
-                teacher_logprobs=[x + adv for x in lps],
             )
         )
     batch = collate(samples)
     out = compute_advantages(
-        OPDAdvantage(clip=None),
-        AdvantageInputs(
-            loss_mask=batch.loss_mask, teacher_logprobs=batch.teacher_logprobs,
-            old_logprobs=batch.sampling_logprobs, has_hint=batch.has_hint,
-        ),
-    )  # fmt: skip
+        PrecomputedAdvantage(), AdvantageInputs(loss_mask=batch.loss_mask, rewards=batch.rewards)
+    )
     for i, s in enumerate(samples):
         row = out.advantages[i][batch.loss_mask[i]]
         assert row.numel() == len(s.completion_ids)
         assert torch.allclose(row.double(), torch.full_like(row.double(), s.reward), atol=1e-6)
     assert bool((out.advantages[~batch.loss_mask] == 0).all())
+
+
+def test_precomputed_advantage_rejects_non_finite():
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    with pytest.raises(ValueError, match="finite"):
+        compute_advantages(
+            PrecomputedAdvantage(),
+            AdvantageInputs(loss_mask=mask, rewards=torch.tensor([1.0, float("nan")])),
+        )

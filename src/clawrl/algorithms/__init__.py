@@ -67,6 +67,7 @@ from clawrl.algorithms.advantages import (
     grpo_advantages,
     normalize_by_key,
     opd_advantages,
+    precomputed_advantages,
     prm_outcome_advantages,
 )
 from clawrl.algorithms.aggregation import aggregate
@@ -83,6 +84,7 @@ from clawrl.algorithms.config import (
     OldRatio,
     OPDAdvantage,
     PPOClipLoss,
+    PrecomputedAdvantage,
     PRMOutcomeAdvantage,
     RatioConfig,
     SamplingRatio,
@@ -121,6 +123,7 @@ __all__ = [
     "OldRatio",
     "PPOClipLoss",
     "PRMOutcomeAdvantage",
+    "PrecomputedAdvantage",
     "RatioConfig",
     "SamplingRatio",
     "SequenceMeanTokenMean",
@@ -144,6 +147,7 @@ __all__ = [
     "normalize_by_key",
     "opd_advantages",
     "ppo_clip_loss",
+    "precomputed_advantages",
     "prm_outcome_advantages",
     "validate_loss_inputs",
 ]

@@ -19,6 +19,7 @@ from clawrl.algorithms.config import (
     CombinedAdvantage,
     GRPOAdvantage,
     OPDAdvantage,
+    PrecomputedAdvantage,
     PRMOutcomeAdvantage,
 )
 from clawrl.algorithms.metrics import advantage_stats, to_floats
@@ -103,6 +104,31 @@ def binary_rl_advantages(rewards: Tensor, loss_mask: Tensor) -> Tensor:
     if not bool(((rewards == 1) | (rewards == -1) | (rewards == 0)).all()):
         raise ValueError(f"binary RL rewards must be +1, -1 or 0, got {rewards.tolist()}")
     return _broadcast(rewards, mask)
+
+
+def precomputed_advantages(advantages: Tensor, loss_mask: Tensor) -> Tensor:
+    """Broadcast per-sequence advantages computed elsewhere: ``A_{i,t} = a_i``.
+
+    Used by harness mode, where the GRPO group is a set of *rollouts* (each with several
+    trained turns), so the group statistics are taken over rollouts before the turns reach
+    the trainer (:mod:`clawrl.harness.advantage`).
+
+    Args:
+        advantages: ``[B]`` one advantage per sequence (any finite real).
+        loss_mask: ``[B, T]`` tokens to train on.
+
+    Returns:
+        ``[B, T]`` advantages (0 off the mask).
+
+    Raises:
+        ValueError: an advantage is not finite, or shapes disagree.
+    """
+    mask = as_bool_mask(loss_mask)
+    _check_rows("advantages", advantages, mask)
+    advantages = _float(advantages)
+    if not bool(torch.isfinite(advantages).all()):
+        raise ValueError(f"precomputed advantages must be finite, got {advantages.tolist()}")
+    return _broadcast(advantages, mask)
 
 
 @torch.no_grad()
@@ -328,6 +354,11 @@ def _binary(config: BinaryRLAdvantage, inputs: AdvantageInputs) -> Tensor:
     return binary_rl_advantages(rewards, inputs.loss_mask)
 
 
+def _precomputed(config: PrecomputedAdvantage, inputs: AdvantageInputs) -> Tensor:
+    (advantages,) = _need(inputs, config, "rewards")
+    return precomputed_advantages(advantages, inputs.loss_mask)
+
+
 def _grpo(config: GRPOAdvantage, inputs: AdvantageInputs) -> Tensor:
     rewards, group_ids = _need(inputs, config, "rewards", "group_ids")
     return grpo_advantages(
@@ -378,6 +409,7 @@ _ESTIMATORS: dict[type, Callable[..., Tensor]] = {
     OPDAdvantage: _opd,
     CombinedAdvantage: _combined,
     PRMOutcomeAdvantage: _prm_outcome,
+    PrecomputedAdvantage: _precomputed,
 }
 
 

@@ -53,6 +53,22 @@ class BinaryRLAdvantage:
 
 
 @dataclass(frozen=True, kw_only=True)
+class PrecomputedAdvantage:
+    """An advantage computed outside the trainer, one per sequence: ``A_{i,t} = a_i``.
+
+    For credit that spans several sequences, e.g. harness mode, where a rollout's group-relative
+    advantage (GRPO over rollouts of one task, :mod:`clawrl.harness.advantage`) is attached to
+    every trained turn of that rollout. ``a_i`` is read from the sample's ``reward`` field and may
+    be any finite real; it is broadcast to the sequence's sampled tokens unchanged.
+    """
+
+    kind: Literal["precomputed"] = "precomputed"
+
+    def __post_init__(self) -> None:
+        _check_kind(self, "precomputed")
+
+
+@dataclass(frozen=True, kw_only=True)
 class GRPOAdvantage:
     """GRPO group-relative outcome advantage (DeepSeekMath, Shao et al. 2024).
 
@@ -129,7 +145,12 @@ class PRMOutcomeAdvantage:
 
 
 AdvantageConfig = (
-    BinaryRLAdvantage | GRPOAdvantage | OPDAdvantage | CombinedAdvantage | PRMOutcomeAdvantage
+    BinaryRLAdvantage
+    | GRPOAdvantage
+    | OPDAdvantage
+    | CombinedAdvantage
+    | PRMOutcomeAdvantage
+    | PrecomputedAdvantage
 )
 """Discriminated union (by ``kind``) of the advantage estimators."""
 

@@ -140,7 +140,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     engine = TransformersEngine.from_policy(policy)
     store = Store(out / "store.db")
     settings = TrainerSettings(
-        method="opd", opd_clip=None, lr=args.lr, kl_beta=args.kl_beta,
+        method="precomputed", lr=args.lr, kl_beta=args.kl_beta,
         micro_batch_size=args.micro_batch, max_staleness=1,
     )  # fmt: skip
     trainer = Trainer(policy.model, settings, out)

@@ -6,12 +6,10 @@ are trained (each sampled token in exactly one row); each trained turn becomes o
 ``prompt_ids -> completion_ids`` (its own sampled tokens only, so environment tokens and context
 copies are never trained).
 
-How the rollout advantage reaches the shared trainer: the trainer's OPD estimator computes
-``A_t = teacher_logprobs_t - old_logprobs_t`` with ``old`` = the sampling log-probs and no clip
-(``TrainerSettings(method="opd", opd_clip=None)``). Setting ``teacher_logprobs_t =
-sampling_logprobs_t + A_i`` therefore gives exactly ``A_t = A_i`` on every sampled token, per
-sample (independent of micro-batching), through the unmodified trainer and PPO-clip loss. No
-teacher model is involved; ``reward`` holds ``A_i`` for the metrics.
+How the rollout advantage reaches the shared trainer: each sample's ``reward`` holds the
+rollout's advantage ``A_i`` and the trainer runs ``TrainerSettings(method="precomputed")``
+(:class:`clawrl.algorithms.PrecomputedAdvantage`), which broadcasts it to every sampled token of
+the sample: ``A_t = A_i``, per sample, independent of micro-batching, through the PPO-clip loss.
 """
 
 from __future__ import annotations
@@ -55,7 +53,6 @@ def rollout_samples(
                     sampling_logprobs=lps,
                     temperature=float(turn.sampling_params.get("temperature", 1.0)),
                     reward=advantage,
-                    teacher_logprobs=[lp + advantage for lp in lps],
                     policy_version=turn.policy_version,
                     truncated=turn.finish_reason == "length",
                     turn_id=turn.id,

@@ -43,6 +43,7 @@ from clawrl.algorithms import (
     LossInputs,
     OPDAdvantage,
     PPOClipLoss,
+    PrecomputedAdvantage,
     compute_advantages,
     compute_loss,
     count_normalizers,
@@ -54,7 +55,7 @@ from clawrl.trainer.types import TrainSample
 
 log = logging.getLogger(__name__)
 
-Method = Literal["rl", "opd", "combine", "grpo"]
+Method = Literal["rl", "opd", "combine", "grpo", "precomputed"]
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,8 @@ class TrainerSettings:
     """Optimisation settings (the CLI fills these from ``clawrl.config.TrainerConfig``).
 
     Attributes:
-        method: ``rl`` (Binary RL), ``opd`` (hindsight OPD), ``combine`` (both), ``grpo``.
+        method: ``rl`` (Binary RL), ``opd`` (hindsight OPD), ``combine`` (both), ``grpo``,
+            ``precomputed`` (each sample's ``reward`` is its advantage; harness mode).
         lr: AdamW learning rate. weight_decay: AdamW weight decay.
         grad_clip: max global gradient L2 norm (0 disables).
         warmup_steps: linear warmup from 0 to ``lr`` over this many optimizer steps.
@@ -102,6 +104,7 @@ def advantage_config(s: TrainerSettings) -> Any:
         "opd": OPDAdvantage(clip=s.opd_clip),
         "combine": CombinedAdvantage(w_rl=s.w_rl, w_opd=s.w_opd, opd_clip=s.opd_clip),
         "grpo": GRPOAdvantage(),
+        "precomputed": PrecomputedAdvantage(),
     }
     return table[s.method]
 
@@ -272,7 +275,7 @@ class Trainer:
 
     def _check_method_inputs(self, samples: list[TrainSample]) -> None:
         m = self.settings.method
-        if m in ("rl", "grpo") and any(s.reward is None for s in samples):
+        if m in ("rl", "grpo", "precomputed") and any(s.reward is None for s in samples):
             raise TrainerError(f"method {m!r} needs a reward on every sample")
         if m == "opd" and any(s.teacher_logprobs is None for s in samples):
             raise TrainerError("method 'opd' needs teacher log-probs (a hint) on every sample")
