@@ -12,13 +12,25 @@ from clawrl.errors import EngineError
 from clawrl.judge import AbstainReason, Judge, Score
 from clawrl.judge.backends import ChoiceBackend, calibrated_verdict, normalise
 from clawrl.judge.prompts import CHOICE_TEMPLATES, ChoiceTemplate
+from clawrl.judge.types import NextStateRole
+
+GBN = {Score.GOOD: " good", Score.BAD: " bad", Score.NEUTRAL: " neutral"}
+
+
+def _template(content_free=("N/A",), verdicts=None, name="t"):
+    return ChoiceTemplate(
+        name=name,
+        system="s",
+        question='Asked "{request}"; did "{action}" work? Next: <<{next_state}>>',
+        answer_prefix="Answer:",
+        verdicts=verdicts or GBN,
+        content_free=content_free,
+    )
 
 
 class StubScoreEngine:
-    """``score_batch`` returning fixed per-token log-probs: ``table[(content_free, token_id)]``.
-
-    A prompt is content-free when its decoded text shows ``N/A`` as the next state.
-    """
+    """``score_batch`` returning fixed per-token log-probs: ``table[(next_state, token_id)]``,
+    where ``next_state`` is the text between ``<<`` and ``>>`` in the prompt (``_template``)."""
 
     def __init__(self, tokenizer, table, fail=False):
         self.tokenizer = tokenizer
@@ -32,8 +44,9 @@ class StubScoreEngine:
             raise EngineError("model failed")
         out = []
         for prompt, target in items:
-            cf = "(what came next)\nN/A" in self.tokenizer.decode(prompt)
-            out.append([self.table[(cf, t)] for t in target])
+            text = self.tokenizer.decode(prompt)
+            shown = text.split("<<", 1)[1].split(">>", 1)[0]
+            out.append([self.table[(shown, t)] for t in target])
         return out
 
 
@@ -64,12 +77,11 @@ def test_normalise_and_calibration_hand_computed():
 def test_choice_backend_calibrates_on_the_stub_engine(tokenizer, mk_input):
     good, bad, neutral = (_tid(tokenizer, w) for w in (" good", " bad", " neutral"))
     table = {
-        (False, good): -1.0, (False, bad): -2.0, (False, neutral): -0.5,
-        (True, good): -0.8, (True, bad): -3.0, (True, neutral): -0.4,
+        ("hmm", good): -1.0, ("hmm", bad): -2.0, ("hmm", neutral): -0.5,
+        ("N/A", good): -0.8, ("N/A", bad): -3.0, ("N/A", neutral): -0.4,
     }  # fmt: skip
     engine = StubScoreEngine(tokenizer, table)
-    template = CHOICE_TEMPLATES[0]
-    assert template.verdicts[Score.GOOD] == " good"
+    template = _template()
     inp = mk_input("hmm")
     calibrated = ChoiceBackend(engine, tokenizer, templates=[template])
     votes = asyncio.run(calibrated.votes(inp, [0, 1]))
@@ -85,20 +97,13 @@ def test_choice_backend_calibrates_on_the_stub_engine(tokenizer, mk_input):
 
 
 def test_multi_token_verdicts_are_summed(tokenizer, mk_input):
-    template = ChoiceTemplate(
-        name="signed",
-        system="s",
-        question="q",
-        question_first=False,
-        answer_prefix="Score:",
-        verdicts={Score.GOOD: " +1", Score.BAD: " -1", Score.NEUTRAL: " 0"},
-    )
+    template = _template(verdicts={Score.GOOD: " +1", Score.BAD: " -1", Score.NEUTRAL: " 0"})
     ids = {s: tokenizer.encode(w, add_special_tokens=False) for s, w in template.verdicts.items()}
     assert all(len(v) == 2 for v in ids.values())
     # per-token log-probs; "1" is shared by +1 and -1
     lp = {ids[Score.GOOD][0]: -3.0, ids[Score.BAD][0]: -1.0, ids[Score.NEUTRAL][0]: -0.1,
           ids[Score.GOOD][1]: -0.1, ids[Score.NEUTRAL][1]: -2.5}  # fmt: skip
-    table = {(cf, t): v for cf in (False, True) for t, v in lp.items()}
+    table = {(shown, t): v for shown in ("Thanks, that worked!", "N/A") for t, v in lp.items()}
     engine = StubScoreEngine(tokenizer, table)
     backend = ChoiceBackend(engine, tokenizer, templates=[template], calibrate=False)
     (v,) = asyncio.run(backend.votes(mk_input(), [0]))
@@ -108,24 +113,71 @@ def test_multi_token_verdicts_are_summed(tokenizer, mk_input):
     assert v.score == Score.BAD
 
 
-def test_vote_i_uses_template_i_mod_k(tokenizer):
+def test_averaged_content_free_calibration_hand_computed(tokenizer, mk_input):
+    good, bad, neutral = (_tid(tokenizer, w) for w in (" good", " bad", " neutral"))
+    lp = {
+        "meh": (-1.0, -1.0, -1.0),  # the real input is uninformative ...
+        "N/A": (-0.5, -2.0, -2.0),  # ... but both content-free inputs favour "good"
+        "": (-1.5, -2.0, -0.5),
+    }
+    table = {
+        (k, t): v for k, vs in lp.items() for t, v in zip((good, bad, neutral), vs, strict=True)
+    }
+    backend = ChoiceBackend(
+        StubScoreEngine(tokenizer, table), tokenizer, templates=[_template(("N/A", ""))]
+    )
+    (v,) = asyncio.run(backend.votes(mk_input("meh"), [0]))
+    raw = json.loads(v.raw)
+    na = normalise(dict(zip((Score.GOOD, Score.BAD, Score.NEUTRAL), lp["N/A"], strict=True)))
+    empty = normalise(dict(zip((Score.GOOD, Score.BAD, Score.NEUTRAL), lp[""], strict=True)))
+    for s in Score:
+        assert raw["content_free"][str(int(s))] == pytest.approx((na[s] + empty[s]) / 2, abs=1e-4)
+    # uniform real minus the averaged prior: bad has the lowest prior, so it wins
+    assert v.score == Score.BAD
+
+
+def test_empty_next_state_is_neutral_without_a_model_call(tokenizer, mk_input):
+    engine = StubScoreEngine(tokenizer, {})
+    backend = ChoiceBackend(engine, tokenizer)
+    for role in ("tool", "user"):
+        votes = asyncio.run(backend.votes(mk_input("  \n", role=role), [0, 1, 2]))
+        assert [v.score for v in votes] == [Score.NEUTRAL] * 3
+        assert json.loads(votes[0].raw) == {"rule": "empty next state"}
+    assert engine.calls == []
+
+
+def test_templates_follow_the_next_state_role(tokenizer):
     backend = ChoiceBackend(object(), tokenizer)
-    names = [backend.template(i).name for i in range(7)]
-    assert names[:5] == [t.name for t in CHOICE_TEMPLATES]
-    assert names[5:] == names[:2]
-    assert len(set(names[:5])) == 5
+    for role in NextStateRole:
+        ts = CHOICE_TEMPLATES[role]
+        names = [backend.template(i, role).name for i in range(len(ts) + 2)]
+        assert names[: len(ts)] == [t.name for t in ts] and names[len(ts) :] == names[:2]
+    person = {t.name for t in CHOICE_TEMPLATES[NextStateRole.USER]}
+    program = {t.name for t in CHOICE_TEMPLATES[NextStateRole.TOOL]}
+    assert not person & program
+    assert {t.name for t in CHOICE_TEMPLATES[NextStateRole.FEEDBACK]} == person
+    assert {t.name for t in CHOICE_TEMPLATES[NextStateRole.ENVIRONMENT]} == program
+    # a program's output is judged success or failure only
+    assert all(set(t.verdicts) == {Score.GOOD, Score.BAD} for t in CHOICE_TEMPLATES["tool"])
+    with pytest.raises(ValueError, match="at least one template"):
+        ChoiceBackend(object(), tokenizer, templates={NextStateRole.USER: [_template()]})
 
 
 def test_prompt_ends_right_before_the_verdict(tokenizer, mk_input):
     backend = ChoiceBackend(object(), tokenizer)
-    for i, t in enumerate(CHOICE_TEMPLATES):
-        text = tokenizer.decode(backend.prompt_ids(mk_input("thanks!"), t, content_free=False))
-        assert text.endswith("<|im_start|>assistant\n" + t.answer_prefix), i
-        assert "thanks!" in text
-        cf = tokenizer.decode(backend.prompt_ids(mk_input("thanks!"), t, content_free=True))
-        assert "thanks!" not in cf and "(what came next)\nN/A" in cf
-        for w in t.verdicts.values():  # one token each for the SmolLM2 tokenizer
-            assert len(tokenizer.encode(w, add_special_tokens=False)) == 1
+    for role in NextStateRole:
+        for t in CHOICE_TEMPLATES[role]:
+            inp = mk_input("thanks {literally}!", role=str(role))
+            text = tokenizer.decode(backend.prompt_ids(inp, t))
+            assert text.endswith("<|im_start|>assistant\n" + t.answer_prefix), t.name
+            assert "thanks {literally}!" in text
+            # context: the user's request for a person's reply, the turn's action for a tool's
+            assert ("What is 2+2?" in text) or ("4" in text.split("thanks")[0]), t.name
+            for cf in t.content_free:
+                other = tokenizer.decode(backend.prompt_ids(inp, t, content_free=cf))
+                assert "thanks" not in other and other.endswith(t.answer_prefix)
+            for w in t.verdicts.values():  # one token each for the SmolLM2 tokenizer
+                assert len(tokenizer.encode(w, add_special_tokens=False)) == 1
 
 
 def test_engine_failure_is_an_abstention(tokenizer, mk_input):
@@ -184,3 +236,24 @@ def test_judge_timeout_does_not_cancel_the_engines_scoring_future(tokenizer, mk_
     j = asyncio.run(go())
     assert j.score is None and {v.abstain_reason for v in j.votes} == {AbstainReason.TIMEOUT}
     assert pending[0].result() == []
+
+
+def test_repeated_templates_are_scored_once_on_the_next_token_path(tokenizer, mk_input):
+    """Votes beyond the role's k templates repeat a prompt: one forward per distinct prompt."""
+
+    class NextTokenEngine:
+        def __init__(self):
+            self.prompts: list[int] = []
+
+        async def score_next_batch(self, prompts, candidates):
+            self.prompts.append(len(prompts))
+            # a deterministic function of the prompt, different per candidate
+            return [[-((sum(p) + 7 * j) % 13) / 3 for j in range(len(candidates))] for p in prompts]
+
+    engine = NextTokenEngine()
+    backend = ChoiceBackend(engine, tokenizer)
+    k = len(CHOICE_TEMPLATES[NextStateRole.USER])
+    votes = asyncio.run(backend.votes(mk_input("not what I asked for"), list(range(k + 2))))
+    per_vote = 1 + len(CHOICE_TEMPLATES[NextStateRole.USER][0].content_free)
+    assert sum(engine.prompts) == k * per_vote  # not (k + 2) * per_vote
+    assert [v.raw for v in votes[k:]] == [v.raw for v in votes[:2]]

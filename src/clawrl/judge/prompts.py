@@ -14,9 +14,17 @@ Long fields are cut in the middle to :data:`FIELD_CHARS` characters (``[... N ch
 * Generative (local engine and OpenAI-compatible endpoints): :data:`GENERATIVE_SYSTEM` +
   :func:`generative_user_prompt`; the answer ends with the designated ``Score:`` line
   (:mod:`clawrl.judge.parse`) and may carry a ``<hint>`` tag.
-* Choice scoring (small local models): :data:`CHOICE_TEMPLATES`, five paraphrases that differ in
-  the question, its position (before or after the case) and the verdict words; each prompt ends
-  right before the verdict word (:func:`choice_prompt`). Vote ``i`` uses template ``i mod 5``.
+* Choice scoring (small local models): short prompts focused on the next state, one set per
+  next-state role (:data:`CHOICE_TEMPLATES`). A person's reply (``user``, ``feedback``) is read
+  as happy / unhappy / neutral about the answer, with the user's request as context; a program's
+  output (``tool``, ``environment``) as success or failure, with the command the turn ran as
+  context. Each prompt ends right before the verdict word (:func:`choice_template`). Vote ``i``
+  uses template ``i mod k`` of its role's set.
+
+  Why not the generative prompt's full case: on the shipped labeled set the SmolLM2-135M judge
+  scored 0.34 (below the 0.50 majority baseline) with five paraphrases of "judge this turn from
+  what came next" over the whole rendered case; the request-plus-next-state prompts here are
+  what that model can read (the measurements are in ``clawrl judge eval``'s closing notes).
 """
 
 from __future__ import annotations
@@ -30,7 +38,11 @@ FIELD_CHARS = 1500
 HISTORY_MESSAGES = 4
 HISTORY_CHARS = 300
 CONTENT_FREE = "N/A"
-"""Next-state text of the content-free input used to calibrate choice scoring."""
+"""A content-free next-state text (every choice template calibrates on it, among others)."""
+CHOICE_REQUEST_CHARS = 200
+"""Choice prompts show the user's request and the turn's action cut to this many characters."""
+CHOICE_NEXT_STATE_CHARS = 600
+"""Choice prompts show the next state cut (in the middle) to this many characters."""
 
 _ROLE_HEADER = {
     NextStateRole.USER: "The user's next message",
@@ -112,87 +124,137 @@ def generative_user_prompt(inp: JudgeInput) -> str:
     )
 
 
+def request_text(inp: JudgeInput, limit: int = CHOICE_REQUEST_CHARS) -> str:
+    """The user's request, cut to ``limit`` characters (what choice prompts show as context)."""
+    return cut(" ".join((inp.context.user or "").split()), limit)
+
+
+def action_text(inp: JudgeInput, limit: int = CHOICE_REQUEST_CHARS) -> str:
+    """The judged turn's first tool call as ``name(arguments)`` (a shell command as itself),
+    or its text when it made no call; cut to ``limit`` characters."""
+    out = inp.output
+    if out.tool_calls:
+        call = out.tool_calls[0]
+        command = call.arguments.get("command") if isinstance(call.arguments, dict) else None
+        if isinstance(command, str):
+            return cut(command, limit)
+        return cut(f"{call.name}({json.dumps(call.arguments, ensure_ascii=False)})", limit)
+    return cut(" ".join((out.content or "").split()), limit)
+
+
 @dataclass(frozen=True)
 class ChoiceTemplate:
-    """One choice-scoring paraphrase.
+    """One choice-scoring prompt.
 
     Attributes:
         name: short id, recorded in the vote.
         system: the system message.
-        question: asked before the case when ``question_first``, after it otherwise.
-        question_first: position of the question.
+        question: the user message, a ``str.format`` template over ``{request}`` (the user's
+            request, :func:`request_text`), ``{action}`` (the turn's tool call or text,
+            :func:`action_text`) and ``{next_state}`` (cut to :data:`CHOICE_NEXT_STATE_CHARS`).
         answer_prefix: appended after the assistant-turn opener; the verdict word follows it.
-        verdicts: the continuation (with its leading space) that stands for each score.
+        verdicts: the continuation (with its leading space) that stands for each score. A
+            template may offer only +1 and -1 (tool outputs: success or failure).
+        content_free: next-state texts whose verdict distributions, averaged, calibrate the
+            template (contextual calibration).
     """
 
     name: str
     system: str
     question: str
-    question_first: bool
     answer_prefix: str
     verdicts: dict[Score, str]
+    content_free: tuple[str, ...] = (CONTENT_FREE,)
 
-    def user_message(self, case_text: str) -> str:
-        """The user message: question and case in this template's order."""
-        if self.question_first:
-            return f"{self.question}\n\n{case_text}"
-        return f"{case_text}\n\n{self.question}"
+    def user_message(self, inp: JudgeInput, next_state_text: str | None = None) -> str:
+        """The user message for ``inp``, with ``next_state_text`` in place of the next state."""
+        text = inp.next_state.text if next_state_text is None else next_state_text
+        return self.question.format(
+            request=request_text(inp),
+            action=action_text(inp),
+            next_state=cut(text.strip(), CHOICE_NEXT_STATE_CHARS),
+        )
 
 
-_JUDGE_SYSTEM = "You evaluate whether an AI assistant's turn worked, from what happened next."
-_GBN = {Score.GOOD: " good", Score.BAD: " bad", Score.NEUTRAL: " neutral"}
+_USER_SYSTEM = "You read chat messages."
+_TOOL_SYSTEM = "You read command outputs."
+_USER_CF = (CONTENT_FREE, "", "[message]")
+_TOOL_CF = (CONTENT_FREE, "", "[output]")
 
-CHOICE_TEMPLATES: tuple[ChoiceTemplate, ...] = (
+USER_CHOICE_TEMPLATES: tuple[ChoiceTemplate, ...] = (
     ChoiceTemplate(
-        name="good-bad-neutral",
-        system=_JUDGE_SYSTEM,
-        question="Judging by what came next, was the assistant turn good (it worked), bad (it "
-        "failed or was corrected) or neutral (no evidence either way)? Answer with one word.",
-        question_first=False,
-        answer_prefix="Answer:",
-        verdicts=_GBN,
+        name="user-happy",
+        system=_USER_SYSTEM,
+        question='A user asked an AI assistant: "{request}"\nThe assistant answered. The user '
+        'then wrote:\n"{next_state}"\nIs the user happy with the answer, unhappy with it, or '
+        "neutral (the message is about something else)?",
+        answer_prefix="The user is",
+        verdicts={Score.GOOD: " happy", Score.BAD: " unhappy", Score.NEUTRAL: " neutral"},
+        content_free=_USER_CF,
     ),
     ChoiceTemplate(
-        name="yes-no-unclear",
-        system=_JUDGE_SYSTEM,
-        question="Did the assistant turn work? Look only at what came next: thanks, progress, "
-        "success output or a passing test mean yes; a complaint, a correction, a redo request, "
-        "an error or a failing test mean no; anything else means unclear. Answer yes, no or "
-        "unclear.",
-        question_first=False,
-        answer_prefix="Answer:",
-        verdicts={Score.GOOD: " yes", Score.BAD: " no", Score.NEUTRAL: " unclear"},
+        name="user-satisfied",
+        system=_USER_SYSTEM,
+        question='A user asked an AI assistant: "{request}"\nAfter the answer, the user wrote:'
+        '\n"{next_state}"\nWas the user satisfied, unhappy, or is it unclear?',
+        answer_prefix="The user was",
+        verdicts={Score.GOOD: " satisfied", Score.BAD: " unhappy", Score.NEUTRAL: " unclear"},
+        content_free=_USER_CF,
     ),
     ChoiceTemplate(
-        name="signal",
-        system="You read conversations between a user, tools and an AI assistant.",
-        question="Is what came next a positive, negative or neutral signal about the "
-        "assistant turn?",
-        question_first=True,
-        answer_prefix="The signal is",
-        verdicts={Score.GOOD: " positive", Score.BAD: " negative", Score.NEUTRAL: " neutral"},
-    ),
-    ChoiceTemplate(
-        name="success-failure",
-        system=_JUDGE_SYSTEM,
-        question="From what came next, did the assistant turn end in success or failure, or is "
-        "it unknown?",
-        question_first=False,
-        answer_prefix="Verdict:",
-        verdicts={Score.GOOD: " success", Score.BAD: " failure", Score.NEUTRAL: " unknown"},
-    ),
-    ChoiceTemplate(
-        name="rate-first",
-        system="You are a strict reviewer of AI assistant turns.",
-        question="Rate the assistant turn below as good, bad or neutral, using only the "
-        "evidence in what came next.",
-        question_first=True,
-        answer_prefix="Rating:",
-        verdicts=_GBN,
+        name="user-answer-was",
+        system=_USER_SYSTEM,
+        question='After an AI assistant answered "{request}", the user replied:\n"{next_state}"'
+        "\nDoes this reply mean the answer was good, bad, or does it not say?",
+        answer_prefix="The answer was",
+        verdicts={Score.GOOD: " good", Score.BAD: " bad", Score.NEUTRAL: " unclear"},
+        content_free=_USER_CF,
     ),
 )
+"""Choice templates for a next state written by a person (roles ``user`` and ``feedback``)."""
+
+TOOL_CHOICE_TEMPLATES: tuple[ChoiceTemplate, ...] = (
+    ChoiceTemplate(
+        name="tool-result",
+        system=_TOOL_SYSTEM,
+        question="An AI assistant ran: {action}\nThe tool printed:\n{next_state}\nDid it "
+        "succeed or fail?",
+        answer_prefix="Result:",
+        verdicts={Score.GOOD: " success", Score.BAD: " failure"},
+        content_free=_TOOL_CF,
+    ),
+    ChoiceTemplate(
+        name="tool-good-bad",
+        system=_TOOL_SYSTEM,
+        question='An AI assistant ran: {action}\nThe tool returned:\n"{next_state}"\nIs '
+        "this a good result or a bad result (an error or a failure)?",
+        answer_prefix="It is a",
+        verdicts={Score.GOOD: " good", Score.BAD: " bad"},
+        content_free=_TOOL_CF,
+    ),
+    ChoiceTemplate(
+        name="tool-task",
+        system=_TOOL_SYSTEM,
+        question='A user asked an AI assistant: "{request}"\nThe assistant ran: {action}\n'
+        "The output was:\n{next_state}\nDid the command succeed or fail?",
+        answer_prefix="Result:",
+        verdicts={Score.GOOD: " success", Score.BAD: " failure"},
+        content_free=_TOOL_CF,
+    ),
+)
+"""Choice templates for a next state produced by a program (roles ``tool`` and
+``environment``): success or failure only; an empty output is judged 0 before any template."""
+
+CHOICE_TEMPLATES: dict[NextStateRole, tuple[ChoiceTemplate, ...]] = {
+    NextStateRole.USER: USER_CHOICE_TEMPLATES,
+    NextStateRole.FEEDBACK: USER_CHOICE_TEMPLATES,
+    NextStateRole.TOOL: TOOL_CHOICE_TEMPLATES,
+    NextStateRole.ENVIRONMENT: TOOL_CHOICE_TEMPLATES,
+}
+"""The choice templates for each next-state role; vote ``i`` uses ``templates[i mod k]``."""
 
 
-def choice_template(index: int) -> ChoiceTemplate:
-    """The template of vote ``index`` (``index mod len(CHOICE_TEMPLATES)``)."""
-    return CHOICE_TEMPLATES[index % len(CHOICE_TEMPLATES)]
+def choice_template(role: NextStateRole, index: int) -> ChoiceTemplate:
+    """The template of vote ``index`` for a next state of ``role``."""
+    templates = CHOICE_TEMPLATES[role]
+    return templates[index % len(templates)]

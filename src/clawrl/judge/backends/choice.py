@@ -1,29 +1,35 @@
 """Choice scoring: rank the allowed verdicts by calibrated log-probs (for small local models).
 
-A 135M model cannot follow a long answer format, but it can rank a few continuations. For vote
-``i`` with template ``t = CHOICE_TEMPLATES[i mod 5]`` (:mod:`clawrl.judge.prompts`: paraphrases
-that differ in wording, question position and verdict words) the prompt is the chat-rendered
-system + user message, the generation prompt, and ``t.answer_prefix``; it ends right before the
-verdict word.
+A 135M model cannot follow a long answer format, but it can rank a few continuations. The
+templates (:mod:`clawrl.judge.prompts`) depend on who produced the next state: a person's reply
+is read as happy / unhappy / neutral about the answer (with the user's request as context), a
+program's output as success / failure (with the command the turn ran). For vote ``i`` with
+template ``t = templates[role][i mod k]`` the prompt is the chat-rendered system + user message,
+the generation prompt, and ``t.answer_prefix``; it ends right before the verdict word.
+
+**Empty next state.** A next state whose text is empty or whitespace carries no evidence: every
+vote is 0 (``raw`` says ``"rule": "empty next state"``) and the model is not called.
 
 **Scores.** For each score ``s`` the engine returns the teacher-forced log-probs of the verdict
-continuation ``t.verdicts[s]`` (e.g. ``" good"``); the verdict's score is their **sum** (the
+continuation ``t.verdicts[s]`` (e.g. ``" happy"``); the verdict's score is their **sum** (the
 log-probability of the whole continuation; every shipped verdict word is one SmolLM2 token, so
-sum and mean agree there, and the sum stays a proper probability for multi-token words). The
-three are renormalised over the verdict set: ``l(s|x) = log_softmax_s(sum_logprob(s|x))``.
+one forward pass per prompt suffices). They are renormalised over the template's verdict set:
+``l(s|x) = log_softmax_s(sum_logprob(s|x))``.
 
 **Calibration** (contextual calibration, Zhao et al. 2021, "Calibrate Before Use"): the same
-prompt with the next state's text replaced by ``"N/A"`` is the content-free input ``x_cf``; the
-calibrated score is ``c(s) = l(s|x) - l(s|x_cf)``, i.e. ``p(s|x) / p(s|x_cf)`` renormalised —
-the paper's ``W = diag(p_cf)^-1`` with ``b = 0``. Because ``x_cf`` keeps the request and the turn,
-this removes the bias those contribute (and the verdict words' priors), leaving the evidence of
-the next state. Deviation: the paper averages several content-free strings; we use one.
+prompt with the next state's text replaced by each of ``t.content_free`` (e.g. ``"N/A"``, ``""``,
+``"[message]"``) gives content-free inputs; their renormalised log-probs are averaged into
+``l(s|x_cf)``, as the paper averages several content-free strings. The calibrated score is
+``c(s) = l(s|x) - l(s|x_cf)``, i.e. ``p(s|x) / p(s|x_cf)`` renormalised — the paper's
+``W = diag(p_cf)^-1`` with ``b = 0``. This removes the bias the request and the verdict words'
+priors contribute, leaving the evidence of the next state.
 
 **Verdict.** ``argmax_s c(s)``; exact ties go to 0, then -1. If the best beats the runner-up by
-less than ``min_margin`` nats the vote abstains (``low_margin``; default 0: never).
+less than ``min_margin`` nats the vote abstains (``low_margin``; default 0: never). A two-verdict
+(tool) template never gives 0 except by a tie.
 
-All 6 sequences per vote (3 verdicts x {real, content-free}) of all m votes are scored in one
-``engine.score_batch`` call, i.e. one padded forward pass. Choice votes carry no hint; see
+All prompts of all m votes are scored in one engine call (``score_next_batch``: one forward per
+prompt, when every verdict is one token; else ``score_batch``). Choice votes carry no hint; see
 :func:`clawrl.judge.hints.extract_directive`.
 """
 
@@ -39,13 +45,16 @@ from typing import Any, Protocol
 from clawrl.chat import ChatMessage, render_prompt
 from clawrl.errors import ClawrlError
 from clawrl.judge.backends.base import failed_vote
-from clawrl.judge.prompts import (
-    CHOICE_TEMPLATES,
-    CONTENT_FREE,
-    ChoiceTemplate,
-    render_case,
+from clawrl.judge.prompts import CHOICE_TEMPLATES, ChoiceTemplate
+from clawrl.judge.types import (
+    AbstainReason,
+    BackendKind,
+    HintStatus,
+    JudgeInput,
+    NextStateRole,
+    Score,
+    Vote,
 )
-from clawrl.judge.types import AbstainReason, BackendKind, HintStatus, JudgeInput, Score, Vote
 
 
 class ScoringEngine(Protocol):
@@ -103,7 +112,12 @@ class ChoiceBackend:
         model: the judge model's name, for the record.
         calibrate: subtract the content-free log-probs (default on).
         min_margin: abstain below this calibrated margin (nats, default 0: never).
-        templates: the paraphrases; vote ``i`` uses ``templates[i mod len(templates)]``.
+        templates: the prompts per next-state role (default
+            :data:`clawrl.judge.prompts.CHOICE_TEMPLATES`), or one sequence used for every role;
+            vote ``i`` uses ``templates[role][i mod k]``.
+
+    Raises:
+        ValueError: a role has no template.
     """
 
     kind = BackendKind.CHOICE
@@ -118,30 +132,38 @@ class ChoiceBackend:
         model: str = "",
         calibrate: bool = True,
         min_margin: float = 0.0,
-        templates: Sequence[ChoiceTemplate] = CHOICE_TEMPLATES,
+        templates: Mapping[NextStateRole, Sequence[ChoiceTemplate]]
+        | Sequence[ChoiceTemplate] = CHOICE_TEMPLATES,
     ) -> None:
-        if not templates:
-            raise ValueError("choice scoring needs at least one template")
+        if isinstance(templates, Mapping):
+            table = {role: tuple(templates.get(role, ())) for role in NextStateRole}
+        else:
+            table = {role: tuple(templates) for role in NextStateRole}
+        empty = [str(role) for role, ts in table.items() if not ts]
+        if empty:
+            raise ValueError(f"choice scoring needs at least one template for {empty}")
         self.engine = engine
         self.tokenizer = tokenizer
         self.model = model
         self.calibrate = calibrate
         self.min_margin = min_margin
-        self.templates = tuple(templates)
+        self.templates = table
         self._in_flight: set[asyncio.Future[list[list[float]]]] = set()
 
-    def template(self, index: int) -> ChoiceTemplate:
-        """The template of vote ``index``."""
-        return self.templates[index % len(self.templates)]
+    def template(self, index: int, role: NextStateRole = NextStateRole.USER) -> ChoiceTemplate:
+        """The template of vote ``index`` for a next state of ``role``."""
+        ts = self.templates[role]
+        return ts[index % len(ts)]
 
     def prompt_ids(
-        self, inp: JudgeInput, template: ChoiceTemplate, *, content_free: bool
+        self, inp: JudgeInput, template: ChoiceTemplate, *, content_free: str | None = None
     ) -> list[int]:
-        """Token ids of one choice prompt, ending right before the verdict word."""
-        case = render_case(inp, next_state_text=CONTENT_FREE if content_free else None)
+        """Token ids of one choice prompt, ending right before the verdict word.
+
+        ``content_free``: a text that replaces the next state (a calibration input)."""
         messages = [
             ChatMessage(role="system", content=template.system),
-            ChatMessage(role="user", content=template.user_message(case)),
+            ChatMessage(role="user", content=template.user_message(inp, content_free)),
         ]
         ids = render_prompt(self.tokenizer, messages).token_ids
         return ids + self.tokenizer.encode(template.answer_prefix, add_special_tokens=False)
@@ -154,23 +176,37 @@ class ChoiceBackend:
         }
 
     async def votes(self, inp: JudgeInput, indices: Sequence[int]) -> list[Vote]:
-        """Score all votes' verdicts in one ``score_batch``; see :class:`JudgeBackend`."""
+        """Score all votes' verdicts in one engine call; see :class:`JudgeBackend`."""
         start = time.perf_counter()
+        role = inp.next_state.role
+        if not inp.next_state.text.strip():
+            raw = json.dumps({"rule": "empty next state"})
+            return [
+                Vote(
+                    index=i,
+                    score=Score.NEUTRAL,
+                    raw=raw,
+                    hint_status=HintStatus.ABSENT,
+                    seed=i % len(self.templates[role]),
+                    latency_s=0.0,
+                )
+                for i in indices
+            ]
         items: list[tuple[list[int], list[int]]] = []
-        layout: list[tuple[int, ChoiceTemplate, list[Score]]] = []
+        layout: list[tuple[int, ChoiceTemplate, list[Score], int]] = []
         next_prompts: list[list[int]] = []
         next_cands: list[list[int]] = []
         for i in indices:
-            t = self.template(i)
+            t = self.template(i, role)
             targets = self.verdict_ids(t)
-            prompts = [self.prompt_ids(inp, t, content_free=False)]
+            prompts = [self.prompt_ids(inp, t)]
             if self.calibrate:
-                prompts.append(self.prompt_ids(inp, t, content_free=True))
+                prompts.extend(self.prompt_ids(inp, t, content_free=cf) for cf in t.content_free)
             for p in prompts:
                 items.extend((p, targets[s]) for s in targets)
                 next_prompts.append(p)
                 next_cands.append([targets[s][0] for s in targets])
-            layout.append((i, t, list(targets)))
+            layout.append((i, t, list(targets), len(prompts) - 1))
         # Single-token verdicts (every shipped template's, for SmolLM2) need only the next-token
         # distribution: one forward per prompt instead of one per (prompt, verdict).
         single = all(len(ids) == 1 for _, ids in items) and hasattr(self.engine, "score_next_batch")
@@ -188,21 +224,27 @@ class ChoiceBackend:
         except ClawrlError as e:
             return [
                 failed_vote(
-                    i, AbstainReason.BACKEND_ERROR, f"engine: {e}", seed=i % len(self.templates)
+                    i,
+                    AbstainReason.BACKEND_ERROR,
+                    f"engine: {e}",
+                    seed=i % len(self.templates[role]),
                 )
                 for i in indices
             ]
         latency = time.perf_counter() - start
         out: list[Vote] = []
         pos = 0
-        for i, t, order in layout:
+        for i, t, order, n_cf in layout:
             n = len(order)
             real = {s: sum(scored[pos + k]) for k, s in enumerate(order)}
             pos += n
             cf = None
             if self.calibrate:
-                cf = {s: sum(scored[pos + k]) for k, s in enumerate(order)}
-                pos += n
+                cfs = []
+                for _ in range(n_cf):
+                    cfs.append(normalise({s: sum(scored[pos + k]) for k, s in enumerate(order)}))
+                    pos += n
+                cf = {s: sum(c[s] for c in cfs) / len(cfs) for s in order}
             score, cal = calibrated_verdict(real, cf, min_margin=self.min_margin)
             raw = json.dumps(
                 {
@@ -220,7 +262,7 @@ class ChoiceBackend:
                     detail=None if score is not None else f"margin < {self.min_margin} nats",
                     raw=raw,
                     hint_status=HintStatus.ABSENT,
-                    seed=i % len(self.templates),
+                    seed=i % len(self.templates[role]),
                     latency_s=latency,
                 )
             )
@@ -231,15 +273,20 @@ class ChoiceBackend:
     ) -> list[list[float]]:
         """Per (prompt, verdict) log-probs, as ``score_batch`` would give, from next-token scores.
 
-        Prompts sharing a candidate set are scored in one call (one forward per prompt)."""
+        Prompts sharing a candidate set are scored in one call (one forward per distinct
+        prompt)."""
         out: list[list[float]] = []
         groups: dict[tuple[int, ...], list[int]] = {}
         for k, c in enumerate(cands):
             groups.setdefault(tuple(c), []).append(k)
         rows: dict[int, list[float]] = {}
         for c, ks in groups.items():
-            got = await self.engine.score_next_batch([prompts[k] for k in ks], list(c))  # type: ignore[attr-defined]
-            rows.update(zip(ks, got, strict=True))
+            # identical prompts (votes beyond the role's k templates repeat one) scored once
+            unique: dict[tuple[int, ...], int] = {}
+            for k in ks:
+                unique.setdefault(tuple(prompts[k]), len(unique))
+            got = await self.engine.score_next_batch([list(p) for p in unique], list(c))  # type: ignore[attr-defined]
+            rows.update((k, got[unique[tuple(prompts[k])]]) for k in ks)
         for k in range(len(prompts)):
             out.extend([v] for v in rows[k])
         return out
