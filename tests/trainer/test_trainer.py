@@ -151,3 +151,28 @@ def test_method_inputs_are_checked(policy, tmp_path):
     tr2.policy_version = 3
     with pytest.raises(TrainerError, match="stale"):
         tr2.train_step(samples)
+
+
+def test_token_logprobs_match_the_full_vocabulary_projection(policy):
+    """Projecting only from the first completion position gives the full computation's numbers."""
+    from clawrl.trainer import collate, token_logprobs
+
+    samples = [
+        TrainSample([1, 2, 3, 4, 5, 6, 7, 8], [9, 10, 11], [-1.0] * 3, temperature=0.7),
+        TrainSample([1, 2, 3], [12, 13, 14, 15, 16], [-1.0] * 5, temperature=1.0),
+        TrainSample([4, 5, 6, 7, 8], [17], [-1.0], temperature=0.0),
+    ]
+    b = collate(samples)
+    model = policy.model.eval()
+    with torch.no_grad():
+        lp, ent = token_logprobs(model, b)
+        logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits[:, :-1]
+    temp = torch.tensor([0.7, 1.0, 1.0])
+    full = torch.log_softmax(logits.float() / temp[:, None, None], dim=-1)
+    want = full.gather(-1, b.input_ids[:, 1:, None]).squeeze(-1)
+    want_ent = -(full.exp() * full).sum(-1)
+    assert lp.shape == ent.shape == b.loss_mask.shape
+    assert torch.allclose(lp[b.loss_mask], want[b.loss_mask], atol=1e-5)
+    assert torch.allclose(ent[b.loss_mask], want_ent[b.loss_mask], atol=1e-4)
+    # the earliest trained position is 2 (row 1's prompt has 3 tokens): earlier ones are 0
+    assert bool((lp[:, :2] == 0).all())

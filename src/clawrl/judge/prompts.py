@@ -183,16 +183,6 @@ _TOOL_CF = (CONTENT_FREE, "", "[output]")
 
 USER_CHOICE_TEMPLATES: tuple[ChoiceTemplate, ...] = (
     ChoiceTemplate(
-        name="user-happy",
-        system=_USER_SYSTEM,
-        question='A user asked an AI assistant: "{request}"\nThe assistant answered. The user '
-        'then wrote:\n"{next_state}"\nIs the user happy with the answer, unhappy with it, or '
-        "neutral (the message is about something else)?",
-        answer_prefix="The user is",
-        verdicts={Score.GOOD: " happy", Score.BAD: " unhappy", Score.NEUTRAL: " neutral"},
-        content_free=_USER_CF,
-    ),
-    ChoiceTemplate(
         name="user-satisfied",
         system=_USER_SYSTEM,
         question='A user asked an AI assistant: "{request}"\nAfter the answer, the user wrote:'
@@ -202,12 +192,22 @@ USER_CHOICE_TEMPLATES: tuple[ChoiceTemplate, ...] = (
         content_free=_USER_CF,
     ),
     ChoiceTemplate(
-        name="user-answer-was",
+        name="user-wants-change",
         system=_USER_SYSTEM,
-        question='After an AI assistant answered "{request}", the user replied:\n"{next_state}"'
-        "\nDoes this reply mean the answer was good, bad, or does it not say?",
-        answer_prefix="The answer was",
-        verdicts={Score.GOOD: " good", Score.BAD: " bad", Score.NEUTRAL: " unclear"},
+        question='A user asked an AI assistant: "{request}"\nAfter the answer, the user wrote:'
+        '\n"{next_state}"\nDoes the user want the answer changed, or is the user grateful?',
+        answer_prefix="The user is",
+        verdicts={Score.GOOD: " grateful", Score.BAD: " asking", Score.NEUTRAL: " neutral"},
+        content_free=_USER_CF,
+    ),
+    ChoiceTemplate(
+        name="user-happy",
+        system=_USER_SYSTEM,
+        question='A user asked an AI assistant: "{request}"\nThe assistant answered. The user '
+        'then wrote:\n"{next_state}"\nIs the user happy with the answer, unhappy with it, or '
+        "neutral (the message is about something else)?",
+        answer_prefix="The user is",
+        verdicts={Score.GOOD: " happy", Score.BAD: " unhappy", Score.NEUTRAL: " neutral"},
         content_free=_USER_CF,
     ),
 )

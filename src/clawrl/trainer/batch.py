@@ -69,14 +69,29 @@ def collate(samples: list[TrainSample], pad_id: int = 0) -> Batch:
 def token_logprobs(model: torch.nn.Module, batch: Batch) -> tuple[Tensor, Tensor]:
     """Log-probs of each next token under ``model`` at each row's sampling temperature.
 
+    Only positions from the batch's first completion token on are projected to the vocabulary
+    (``logits_to_keep``): prompt positions would otherwise cost ``[B, L, vocab]`` floats several
+    times over (log-softmax, entropy, autograd), which for long agent prompts is most of a
+    step's memory. Positions before that hold 0 in both outputs (they are never in
+    ``loss_mask``).
+
     Returns:
         ``([B, L-1] log-probs with gradient, [B, L-1] entropy without gradient)``. Greedy rows
         (temperature 0) use temperature 1, matching the engine (``clawrl.engine.sampling``).
     """
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    length = batch.input_ids.shape[1]
+    cols = batch.loss_mask.any(0).nonzero()
+    start = int(cols[0]) if cols.numel() else 0  # first next-token position any row trains
+    keep = length - start  # logits of positions start .. L-1
+    logits = model(
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask, logits_to_keep=keep
+    ).logits
+    if logits.shape[1] != keep:  # a model that ignores logits_to_keep returns every position
+        logits = logits[:, -keep:]
     temp = torch.where(batch.temperature > 0, batch.temperature, torch.ones_like(batch.temperature))
     logp = torch.log_softmax(logits[:, :-1, :].float() / temp[:, None, None], dim=-1)
-    chosen = logp.gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)
+    chosen = logp.gather(-1, batch.input_ids[:, start + 1 :, None]).squeeze(-1)
     with torch.no_grad():
         entropy = -(logp.exp() * logp).sum(-1)
-    return chosen, entropy
+    pad = (start, 0)  # left-pad the prompt positions back: outputs are [B, L-1]
+    return torch.nn.functional.pad(chosen, pad), torch.nn.functional.pad(entropy, pad)
