@@ -31,11 +31,11 @@ def tiny_dir(tiny, tmp_path_factory) -> Path:
     return path
 
 
-def _start(tiny_dir: Path, db: Path) -> tuple[subprocess.Popen, str, list[str]]:
+def _start(tiny_dir: Path, db: Path, *extra: str) -> tuple[subprocess.Popen, str, list[str]]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
     env.pop("CLAWRL_API_KEY", None)
     proc = subprocess.Popen(
-        [*SERVE, "serve", "--model", str(tiny_dir), "--port", "0", "--store", str(db)],
+        [*SERVE, "serve", "--model", str(tiny_dir), "--port", "0", "--store", str(db), *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -140,3 +140,47 @@ def test_graceful_shutdown_curl_example_and_sessions_cli(tiny_dir, tmp_path, cap
     (row,) = exported["rows"]
     assert sum(row["loss_mask"]) == exported["turns"][0]["completion_len"] > 0
     assert main(["sessions", "list", "--store", str(tmp_path / "missing.db")]) == 1
+
+
+def test_sigterm_ends_requests_in_flight_with_a_503_in_their_protocol(tiny_dir, tmp_path):
+    """After --shutdown-grace, a request still generating gets the OpenAI error shape (503,
+    unavailable) or a stream error event, not uvicorn's plain-text 500; turns are kept."""
+    import threading
+
+    import httpx
+
+    db = tmp_path / "sigterm.db"
+    proc, base, _ = _start(tiny_dir, db, "--shutdown-grace", "0.5")
+    body = {"model": "m", "max_tokens": 1900, "temperature": 1.0, "seed": 1,
+            "messages": [{"role": "user", "content": "Write a very long story."}]}  # fmt: skip
+    got: dict[str, object] = {}
+
+    def plain() -> None:
+        r = httpx.post(f"{base}/chat/completions", json=body, timeout=60)
+        got["plain"] = (r.status_code, r.json())
+
+    try:
+        _wait_healthy(base)
+        t = threading.Thread(target=plain)
+        t.start()
+        with httpx.stream(
+            "POST", f"{base}/chat/completions", json={**body, "stream": True}, timeout=60
+        ) as r:
+            lines = r.iter_lines()
+            first = next(x for x in lines if x.startswith("data: "))
+            assert json.loads(first[6:])["choices"][0]["delta"]["role"] == "assistant"
+            proc.send_signal(signal.SIGTERM)
+            events = [x[6:] for x in lines if x.startswith("data: ")]
+        t.join(timeout=60)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    status, payload = got["plain"]
+    assert status == 503 and payload["error"]["code"] == "unavailable", payload
+    assert "error" in json.loads(events[-1]), events[-3:]
+    with Store(db) as store:
+        turns = [t for sid in store.session_ids() for t in store.session_turns(sid)]
+    assert len(turns) == 2
+    assert all(t.status != TurnStatus.OK for t in turns)

@@ -9,7 +9,7 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from clawrl.cli.common import add_config_options, config_from_args, quiet_transformers
@@ -40,6 +40,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--store", help="SQLite trajectory store (default clawrl.db)")
     p.add_argument("--api-key", help=f"require this bearer key (or set ${API_KEY_ENV})")
     p.add_argument("--served-model-name", help="name in /v1/models (default: the model spec)")
+    p.add_argument(
+        "--shutdown-grace",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="on Ctrl-C/SIGTERM, let requests in flight finish for this long, then end them "
+        "with a 503 in their API's error shape (10)",
+    )
     add_online_options(p)
     add_config_options(p)
     p.set_defaults(func=run)
@@ -90,12 +98,27 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _server(config: object) -> object:
+def _server(config: object, on_exit: Callable[[], None], grace_s: float) -> object:
     """A uvicorn server that stops on SIGINT/SIGTERM without re-raising the signal afterwards
-    (uvicorn's default), so ``clawrl serve`` closes the engine and the store and exits 0."""
+    (uvicorn's default), so ``clawrl serve`` closes the engine and the store and exits 0.
+
+    Requests in flight get ``grace_s`` seconds to finish; then ``on_exit`` runs (it closes the
+    engine), so each remaining request ends with the gateway's 503 ``unavailable`` error in
+    its protocol's shape (an error event for a stream) and its turn is recorded as incomplete,
+    instead of uvicorn cancelling it with a plain-text 500 after its own graceful timeout.
+    """
     import uvicorn
 
     class Server(uvicorn.Server):
+        _timer: threading.Timer | None = None
+
+        def handle_exit(self, sig: int, frame: object) -> None:
+            super().handle_exit(sig, frame)  # type: ignore[arg-type]
+            if self._timer is None:
+                self._timer = threading.Timer(grace_s, on_exit)
+                self._timer.daemon = True
+                self._timer.start()
+
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
             if threading.current_thread() is not threading.main_thread():
@@ -176,10 +199,12 @@ def run(args: argparse.Namespace) -> int:
             f'"messages": [{{"role": "user", "content": "Hi"}}]}}\'',
             flush=True,
         )
+        grace = max(0.0, float(args.shutdown_grace))
         config = uvicorn.Config(
-            app, log_level="warning", lifespan=lifespan, timeout_graceful_shutdown=30
-        )
-        _server(config).run(sockets=[sock])  # type: ignore[attr-defined]
+            app, log_level="warning", lifespan=lifespan,
+            timeout_graceful_shutdown=int(grace) + 30,  # after the engine has ended the rest
+        )  # fmt: skip
+        _server(config, engine.close, grace).run(sockets=[sock])  # type: ignore[attr-defined]
     finally:
         engine.close()
         if judge_engine is not None:
