@@ -85,3 +85,33 @@ def test_openai_backend_against_unreachable_endpoint(capsys, few_cases):
     metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert metrics["eval/coverage"] == 0.0
     assert metrics["judge/abstain/backend_error"] == 8
+
+
+def test_openai_backend_against_the_clawrl_gateway(capsys, tmp_path, tiny, few_cases):
+    """The judge's OpenAI backend talks to clawrl's own gateway (real app, real store); the
+    scripted policy answers by the next state it is shown, so the accuracy is known: 3 of 4."""
+    from clawrl.gateway import create_app
+    from clawrl.gateway.testing import LiveServer, ScriptedEngine
+    from clawrl.store import Store
+
+    def reply(prompt_ids, params):
+        text = tiny.tokenizer.decode(prompt_ids)
+        if "Thanks, that's right!" in text:
+            return "Reason: the user thanks the assistant.\nScore: +1"
+        if "f-string" in text:
+            return "Reason: a correction.\n<hint>Use an f-string instead of %.</hint>\nScore: -1"
+        return "Reason: nothing to go on.\nScore: 0"  # right for tool_empty, wrong for test_fail
+
+    engine = ScriptedEngine(tiny.tokenizer, reply_fn=reply, max_context=100_000)
+    with Store(tmp_path / "s.db") as store:
+        app = create_app(engine, tiny.tokenizer, store, model_name="judge")
+        with LiveServer(app) as server:
+            args = ["judge", "eval", "--cases", str(few_cases), "--backend", "openai",
+                    "--judge-url", server.base_url, "--judge-model", "judge", "--votes", "3",
+                    "--json"]  # fmt: skip
+            assert main(args) == 0
+        assert len(store.session_ids()) >= 1  # the judge's calls were recorded like any client's
+    metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert metrics["eval/coverage"] == 1.0
+    assert metrics["eval/accuracy"] == 0.75
+    assert metrics["eval/hint_precision"] == 1.0
