@@ -90,6 +90,10 @@ def test_malformed_body_is_400(scripted_server, content, code):
         ({"model": "tiny", "messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
         ({"model": "tiny", "messages": HI, "tool_choice": "required"}, "tool_choice"),
         ({"model": "tiny", "messages": HI, "top_logprobs": 2}, "top_logprobs"),
+        # booleans are JSON booleans: "yes" or 1 is a client bug, not a request to stream
+        ({"model": "tiny", "messages": HI, "stream": "yes"}, "stream"),
+        ({"model": "tiny", "messages": HI, "stream": 1}, "stream"),
+        ({"model": "tiny", "messages": HI, "logprobs": "true"}, "logprobs"),
     ],
 )
 def test_validation_errors_are_400_with_param(scripted_server, body, param):

@@ -227,6 +227,10 @@ def test_errors_have_anthropics_shape(scripted):
     with pytest.raises(anthropic.BadRequestError) as e:
         client.messages.create(model="m", max_tokens=0, messages=ASK)
     assert e.value.body["error"]["type"] == "invalid_request_error"
+    with pytest.raises(anthropic.BadRequestError) as e:  # a JSON boolean, not "yes"
+        client.messages.create(model="m", max_tokens=5, messages=ASK, extra_body={"stream": "yes"})
+    assert e.value.body["error"]["type"] == "invalid_request_error"
+    assert "stream" in e.value.body["error"]["message"]
     long = [{"role": "user", "content": "word " * 200}]
     with pytest.raises(anthropic.BadRequestError) as e:
         client.messages.create(model="m", max_tokens=5, messages=long)

@@ -182,6 +182,9 @@ def test_errors(scripted):
     with pytest.raises(openai.BadRequestError) as e:
         client.responses.create(model="m", input=[{"role": "user", "content": [image]}])
     assert e.value.body["code"] == "unsupported_content_type"
+    with pytest.raises(openai.BadRequestError) as e:  # a JSON boolean, not "yes"
+        client.responses.create(model="m", input="hi", extra_body={"stream": "yes"})
+    assert e.value.body["param"] == "stream"
     with pytest.raises(openai.BadRequestError) as e:
         client.responses.create(model="m", input="word " * 200)
     (failed,) = gw.turns()

@@ -32,7 +32,7 @@ from typing import Any
 import anyio.to_thread
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from clawrl.chat import render_prompt
 from clawrl.chat.anthropic_messages import AnthropicConversation, normalize_anthropic_request
@@ -83,7 +83,7 @@ class MessagesRequest(BaseModel):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=0)
     stop_sequences: list[str] | None = None
-    stream: bool | None = False
+    stream: StrictBool | None = False
     tools: Any = None
     tool_choice: Any = None
     metadata: dict[str, Any] | None = None

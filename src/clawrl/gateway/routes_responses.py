@@ -35,7 +35,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from clawrl.chat.responses_items import ResponsesConversation, ToolOrigin
 from clawrl.chat.responses_items import normalize_responses_request as normalize
@@ -86,8 +86,8 @@ class ResponsesRequest(BaseModel):
     instructions: Any = None
     tools: Any = None
     tool_choice: Any = None
-    parallel_tool_calls: bool | None = None
-    stream: bool | None = False
+    parallel_tool_calls: StrictBool | None = None
+    stream: StrictBool | None = False
     max_output_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
@@ -96,7 +96,7 @@ class ResponsesRequest(BaseModel):
     user: str | None = None
     previous_response_id: str | None = None
     conversation: Any = None
-    background: bool | None = None
+    background: StrictBool | None = None
 
 
 def _gw(request: Request) -> GatewayState:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from clawrl.errors import ClientInputError
 
@@ -45,7 +45,7 @@ class StreamOptions(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    include_usage: bool | None = None
+    include_usage: StrictBool | None = None
 
 
 class ChatCompletionRequest(BaseModel):
@@ -57,9 +57,9 @@ class ChatCompletionRequest(BaseModel):
     messages: Any = Field(..., description="checked by clawrl.chat.normalize_openai_messages")
     tools: Any = None
     tool_choice: Any = None
-    parallel_tool_calls: bool | None = None
+    parallel_tool_calls: StrictBool | None = None
     n: int = Field(1, ge=1, le=MAX_N)
-    stream: bool | None = False
+    stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     max_tokens: int | None = Field(None, ge=1)
@@ -68,7 +68,7 @@ class ChatCompletionRequest(BaseModel):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=-1)
     seed: int | None = None
-    logprobs: bool | None = None
+    logprobs: StrictBool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
     user: str | None = None
     metadata: dict[str, Any] | None = None
