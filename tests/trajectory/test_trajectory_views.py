@@ -105,3 +105,19 @@ def test_export_jsonl(store: Store, tmp_path: Path) -> None:
     assert json.loads(stream.getvalue())["session_id"] == "sess-2"
     with pytest.raises(StoreError, match="unknown session"):
         export_jsonl(store, io.StringIO(), session_ids=["missing"])
+
+
+def test_session_ids_resolve_by_unique_prefix_and_are_never_cut(store: Store) -> None:
+    from clawrl.cli.sessions import resolve_session_id
+    from clawrl.errors import StoreError
+
+    assert resolve_session_id(store, "sess-1") == "sess-1"
+    store.new_session(SessionSource.INFERRED, session_id="3f2a9c0d11e4", client=None)
+    assert resolve_session_id(store, "3f2a") == "3f2a9c0d11e4"
+    with pytest.raises(StoreError, match="2 sessions start with 'sess'"):
+        resolve_session_id(store, "sess")
+    with pytest.raises(StoreError, match="no session id starts with 'zz'"):
+        resolve_session_id(store, "zz")
+    narrow = Console(record=True, width=60, color_system=None)
+    narrow.print(list_sessions_table(store))
+    assert "sess-1" in narrow.export_text()  # the id column does not wrap at 60 columns

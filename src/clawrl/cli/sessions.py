@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     _store_option(lst)
     lst.set_defaults(func=run_list)
     show = ssub.add_parser("show", help="one session's tree, next states and trainability")
-    show.add_argument("session_id", metavar="ID", help="the session id")
+    show.add_argument("session_id", metavar="ID", help="the session id, or a unique prefix of it")
     _store_option(show)
     show.set_defaults(func=run_show)
 
@@ -83,8 +83,25 @@ def run_show(args: argparse.Namespace) -> int:
     from clawrl.trajectory import format_session
 
     with _open_store(args) as store:
-        Console().print(format_session(store, args.session_id))
+        Console().print(format_session(store, resolve_session_id(store, args.session_id)))
     return 0
+
+
+def resolve_session_id(store: Any, given: str) -> str:
+    """The session id ``given`` names: itself, or the one session id it is a prefix of.
+
+    Raises:
+        StoreError: no session starts with ``given``, or several do (they are listed).
+    """
+    if store.get_session(given) is not None:
+        return given
+    matches = [sid for sid in store.session_ids() if sid.startswith(given)]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise StoreError(f"no session id starts with {given!r} (see: clawrl sessions list)")
+    shown = ", ".join(matches[:5]) + (" ..." if len(matches) > 5 else "")
+    raise StoreError(f"{len(matches)} sessions start with {given!r}: {shown}; give more of it")
 
 
 def run_export(args: argparse.Namespace) -> int:

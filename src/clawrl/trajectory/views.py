@@ -128,7 +128,8 @@ def list_sessions_table(store: Store, limit: int = 50, offset: int = 0) -> Table
         ("tokens p/c", "right"),
         ("feedback", "right"),
     ]:
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+        # ids are what `sessions show` takes: never wrapped or cut
+        table.add_column(name, justify=justify, no_wrap=name == "session")  # type: ignore[arg-type]
     for s in store.list_sessions(limit=limit, offset=offset):
         table.add_row(
             s.session.id,
