@@ -257,3 +257,10 @@ def test_repeated_templates_are_scored_once_on_the_next_token_path(tokenizer, mk
     per_vote = 1 + len(CHOICE_TEMPLATES[NextStateRole.USER][0].content_free)
     assert sum(engine.prompts) == k * per_vote  # not (k + 2) * per_vote
     assert [v.raw for v in votes[k:]] == [v.raw for v in votes[:2]]
+
+
+def test_calibration_needs_content_free_inputs(tokenizer):
+    bare = _template(content_free=())
+    with pytest.raises(ValueError, match="no content_free inputs"):
+        ChoiceBackend(object(), tokenizer, templates=[bare])
+    ChoiceBackend(object(), tokenizer, templates=[bare], calibrate=False)  # fine uncalibrated

@@ -204,7 +204,13 @@ def run(args: argparse.Namespace) -> int:
             app, log_level="warning", lifespan=lifespan,
             timeout_graceful_shutdown=int(grace) + 30,  # after the engine has ended the rest
         )  # fmt: skip
-        _server(config, engine.close, grace).run(sockets=[sock])  # type: ignore[attr-defined]
+        server = _server(config, engine.close, grace)
+        try:
+            server.run(sockets=[sock])  # type: ignore[attr-defined]
+        finally:
+            timer = getattr(server, "_timer", None)
+            if timer is not None:  # everything finished within the grace period
+                timer.cancel()
     finally:
         engine.close()
         if judge_engine is not None:

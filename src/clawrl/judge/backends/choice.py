@@ -19,7 +19,8 @@ one forward pass per prompt suffices). They are renormalised over the template's
 **Calibration** (contextual calibration, Zhao et al. 2021, "Calibrate Before Use"): the same
 prompt with the next state's text replaced by each of ``t.content_free`` (e.g. ``"N/A"``, ``""``,
 ``"[message]"``) gives content-free inputs; their renormalised log-probs are averaged into
-``l(s|x_cf)``, as the paper averages several content-free strings. The calibrated score is
+``l(s|x_cf)`` (a geometric mean of the distributions; the paper averages the probability
+vectors, an arithmetic mean, which a single extreme content-free input moves more). The calibrated score is
 ``c(s) = l(s|x) - l(s|x_cf)``, i.e. ``p(s|x) / p(s|x_cf)`` renormalised — the paper's
 ``W = diag(p_cf)^-1`` with ``b = 0``. This removes the bias the request and the verdict words'
 priors contribute, leaving the evidence of the next state.
@@ -117,7 +118,8 @@ class ChoiceBackend:
             vote ``i`` uses ``templates[role][i mod k]``.
 
     Raises:
-        ValueError: a role has no template.
+        ValueError: a role has no template, or ``calibrate`` is on and a template has no
+            content-free inputs.
     """
 
     kind = BackendKind.CHOICE
@@ -142,6 +144,11 @@ class ChoiceBackend:
         empty = [str(role) for role, ts in table.items() if not ts]
         if empty:
             raise ValueError(f"choice scoring needs at least one template for {empty}")
+        uncalibrated = sorted({t.name for ts in table.values() for t in ts if not t.content_free})
+        if calibrate and uncalibrated:
+            raise ValueError(
+                f"templates {uncalibrated} have no content_free inputs to calibrate on"
+            )
         self.engine = engine
         self.tokenizer = tokenizer
         self.model = model
