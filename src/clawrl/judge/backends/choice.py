@@ -186,6 +186,7 @@ class ChoiceBackend:
         """Score all votes' verdicts in one engine call; see :class:`JudgeBackend`."""
         start = time.perf_counter()
         role = inp.next_state.role
+        k = len(self.templates[role])  # vote i uses template i mod k; its seed records i mod k
         if not inp.next_state.text.strip():
             raw = json.dumps({"rule": "empty next state"})
             return [
@@ -194,7 +195,7 @@ class ChoiceBackend:
                     score=Score.NEUTRAL,
                     raw=raw,
                     hint_status=HintStatus.ABSENT,
-                    seed=i % len(self.templates[role]),
+                    seed=i % k,
                     latency_s=0.0,
                 )
                 for i in indices
@@ -234,7 +235,7 @@ class ChoiceBackend:
                     i,
                     AbstainReason.BACKEND_ERROR,
                     f"engine: {e}",
-                    seed=i % len(self.templates[role]),
+                    seed=i % k,
                 )
                 for i in indices
             ]
@@ -269,7 +270,7 @@ class ChoiceBackend:
                     detail=None if score is not None else f"margin < {self.min_margin} nats",
                     raw=raw,
                     hint_status=HintStatus.ABSENT,
-                    seed=i % len(self.templates[role]),
+                    seed=i % k,
                     latency_s=latency,
                 )
             )
