@@ -33,9 +33,9 @@ from typing import Any
 
 import pytest
 
-from clawrl.chat import ChatMessage, ToolCall, assistant_message_text
 from clawrl.gateway import create_app
-from clawrl.gateway.testing import LiveServer, ScriptedEngine
+from clawrl.gateway.testing import LiveServer, ScriptedEngine, tool_call_text
+from clawrl.gateway.testing import harness_reply as scripted_harness_reply
 from clawrl.store import Store, TurnKind, TurnRecord, TurnStatus
 from clawrl.trajectory import load_tree
 from clawrl.trajectory.next_state import NextStateRole, next_state
@@ -63,27 +63,12 @@ def harness_program(name: str) -> Path:
 
 def call_text(name: str, arguments: dict[str, Any], content: str | None = None) -> str:
     """The exact text the policy would write for a tool call (what history renders back)."""
-    msg = ChatMessage(
-        role="assistant", content=content, tool_calls=[ToolCall(name=name, arguments=arguments)]
-    )
-    return assistant_message_text(msg)
+    return tool_call_text(name, arguments, content)
 
 
 def harness_reply(tokenizer: Any, call: str, final: str):
     """The scripted engine's ``reply_fn`` (module docstring)."""
-
-    def reply(prompt_ids: list[int], params: Any) -> str:
-        text = tokenizer.decode(prompt_ids, skip_special_tokens=False)
-        last_user = text.rsplit("<|im_start|>user", 1)[-1]
-        if "<tools>" not in text:
-            return "OK."
-        if "<tool_response>" in last_user:
-            return final
-        if TASK_MARKER in last_user:
-            return call
-        return "OK."
-
-    return reply
+    return scripted_harness_reply(tokenizer, call, final, TASK_MARKER)
 
 
 @dataclass

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from clawrl.chat import ChatMessage, ToolCall, assistant_message_text
-from clawrl.gateway.testing import ScriptedEngine
+from clawrl.gateway.testing import ScriptedEngine, harness_reply, tool_call_text
 from clawrl.harness.adapters.external import ClaudeCodeAdapter
 from clawrl.harness.loop import HarnessRunner, HarnessSettings
 from clawrl.harness.rollout import RolloutStatus
@@ -26,28 +25,6 @@ from clawrl.store import ApiProtocol, Store
 
 _BIN = Path(os.environ.get("CLAWRL_HARNESS_BIN", Path(__file__).parents[2] / ".harnesses/bin"))
 pytestmark = pytest.mark.e2e
-
-
-def _reply(tokenizer, command: str):
-    call = ChatMessage(
-        role="assistant",
-        content=None,
-        tool_calls=[ToolCall(name="Bash", arguments={"command": command, "description": "x"})],
-    )
-    call_text = assistant_message_text(call)
-
-    def reply(prompt_ids: list[int], params) -> str:
-        text = tokenizer.decode(prompt_ids, skip_special_tokens=False)
-        last_user = text.rsplit("<|im_start|>user", 1)[-1]
-        if "<tools>" not in text:
-            return "OK."
-        if "<tool_response>" in last_user:
-            return "I created hello.txt."
-        if "Create a file named hello.txt" in last_user:
-            return call_text
-        return "OK."
-
-    return reply
 
 
 @pytest.mark.timeout(600)
@@ -60,7 +37,12 @@ def test_claude_code_rollouts_get_rewards_and_training_rows(tmp_path, tokenizer,
     engine = ScriptedEngine(
         tokenizer,
         [],
-        reply_fn=_reply(tokenizer, "echo hello > hello.txt"),
+        reply_fn=harness_reply(
+            tokenizer,
+            tool_call_text("Bash", {"command": "echo hello > hello.txt", "description": "x"}),
+            "I created hello.txt.",
+            task_marker="Create a file named hello.txt",
+        ),
         max_context=1_000_000,
     )
     task = load_task(BUILTIN_TASKS / "create-file-0")
