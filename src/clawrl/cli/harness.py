@@ -119,6 +119,15 @@ def cmd_list(args: argparse.Namespace) -> int:
     for name, cls in ADAPTERS.items():
         why = cls().missing()
         print(f"{name:<16} {'installed' if why is None else why}")
+    from collections import Counter
+
+    from clawrl.harness.tasks import BUILTIN_TASKS, load_tasks
+
+    splits = Counter(t.split for t in load_tasks(BUILTIN_TASKS))
+    print(
+        f"built-in tasks (--tasks builtin): {sum(splits.values())} "
+        f"({splits['train']} train, {splits['heldout']} heldout)"
+    )
     print(f"sandbox isolation here: {choose_isolation('auto')}")
     return 0
 

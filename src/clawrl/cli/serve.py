@@ -27,9 +27,10 @@ API_KEY_ENV = "CLAWRL_API_KEY"
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "serve",
-        help="serve the policy behind an OpenAI-compatible API and record every call",
+        help="serve the policy behind OpenAI- and Anthropic-compatible APIs; record every call",
         description="Start the clawrl gateway: POST /v1/chat/completions (streaming, tools, n, "
-        "logprobs), GET /v1/models, /healthz, /metrics, POST /v1/feedback and "
+        "logprobs), POST /v1/messages (Anthropic Messages, for Claude Code), POST /v1/responses "
+        "(OpenAI Responses, for Codex), GET /v1/models, /healthz, /metrics, POST /v1/feedback and "
         "/v1/sessions/{id}/end. Every call is recorded token-exactly in the store. Binding an "
         f"address other than loopback needs an API key (--api-key or ${API_KEY_ENV}).",
         epilog="example: clawrl serve --model smollm2-135m --port 8000 --store clawrl.db",
