@@ -19,13 +19,28 @@ of votes that gave a score; an abstaining vote's hint is ignored.
 feedback comments). A 135M model cannot write a useful hint, so choice mode does not ask it to.
 Instead it copies, verbatim, at most two sentences of the next state that read as an instruction
 to the assistant — and only from a user message or a feedback comment (tool outputs, test logs
-and verifier lines are evidence, not instructions). A sentence counts when it contains an
-instruction marker (``don't``, ``never``, ``always``, ``instead``, ``should``, ``make sure``,
-``next time``, ``need to``, ``remember to`` ...), or when it starts with an imperative verb *and*
-the message signals a correction (``no``, ``wrong``, ``not what``, ``you forgot``, ``too long``
-...). Bare redo requests ("try again", "redo it", "give me another one") are not directives. It is a keyword heuristic: it misses
-directives phrased as questions or descriptions ("it's tabs here, not spaces") and it cannot
-rephrase; its precision and recall are measured by ``clawrl judge eval``.
+and verifier lines are evidence, not instructions). Sentences are cut into clauses (at commas,
+semicolons, dashes, "and"/"but"/"so"); a sentence is kept when one of its clauses
+
+* carries a *strong marker* (``don't``, ``never``, ``always``, ``instead``, ``should``,
+  ``make sure``, ``next time``, ``without`` ...), whatever the message's tone; or, only when the
+  message is a *correction* (the judge scored the turn -1, or a lexical cue: ``no``, ``wrong``,
+  ``not what``, ``you forgot``, ``too long`` ...),
+* starts with an imperative verb (``lose the bold``, ``cut it down``), or is a *request form*:
+  ``please``/``pls``, ``can you ...``, ``I (just) need ...``, ``no``/``less``/``more`` + noun,
+  ``... only``, ``too <adj>``, ``get rid of``, ``nobody writes ...``, ``why is there ...``,
+  ``sounds/looks like ...``, ``you didn't ...``.
+
+A clause asking only for another attempt ("try again", "give me another one", "please take
+another shot") is never a directive. Requiring a correction for the weak forms keeps a new task
+("can you explain how vaccines work?") from becoming a hint, as long as the judge does not score
+it -1. It is a keyword heuristic and it cannot rephrase. Measured on 160 user replies written
+for this by someone who had not seen the code (90 directives, 70 not; ``negative`` set where the
+writer is unhappy): precision 0.98, recall 0.89 (the previous marker-only rule: 1.00, 0.29).
+It misses praise followed by a request ("great, but give distances in km pls") and pure
+descriptions ("the bullet points look so robotic"); when every turn is scored -1, 10 of 15 new
+tasks and 2 of 13 redo requests become hints. ``clawrl judge eval`` measures it on the shipped
+set.
 """
 
 from __future__ import annotations
@@ -113,45 +128,81 @@ def select_hint(votes: Sequence[Vote], *, quorum: float = DEFAULT_QUORUM) -> Hin
 
 
 _SENTENCE_SPLIT = re.compile(r"(?<=[.!?])\s+|\n+")
-_MARKER = re.compile(
-    r"\b(?:don['’]?t|do not|never|always|instead|rather than|should(?:n['’]?t| not)?|"
-    r"make sure|remember to|needs? to|must|next time|from now on|in (?:the )?future|"
-    r"going forward|avoid|you forgot to|please (?:use|don['’]?t|do not|keep|add|check|write|"
-    r"make|stop|avoid|remove|answer|reply|respond|include|run|read))\b",
+_CLAUSE_SPLIT = re.compile(
+    r",\s*|;\s*|:\s+|\s+[-\u2013\u2014]+\s+|\s+(?:and|but|so|or|plus)\s+", re.I
+)
+_STRONG = re.compile(
+    r"\b(?:don['\u2019]?t|do not|never(?! mind)|always|instead|rather than|"
+    r"should(?:n['\u2019]?t| not)?|make sure|remember to|needs? to|must|next time|from now on|"
+    r"in (?:the )?future|going forward|avoid|you forgot to|without)\b",
     re.IGNORECASE,
 )
+"""Markers that make a clause a directive on their own."""
+_REQUEST = re.compile(
+    r"\b(?:please|pls|plz)\b|"
+    r"^(?:(?:can|could|would|will|can['\u2019]?t|cant|won['\u2019]?t)\s+(?:you|u|ya)\b)|"
+    r"^i\s+(?:just\s+|only\s+|still\s+|really\s+)?(?:need|want|wanted|asked for)\s+(?!to\b)|"
+    r"^(?:no|less|fewer|more|shorter|simpler|plain|only)\s+(?!(?:that|this|it|i|you|thats|not|one|"
+    r"idea|way|problem|worries|thanks|clue|matter)\b)[a-z\"'\u201c]|"
+    r"\bonly\b[.!?]*$|\bhas to go\b|\bget rid of\b|\btake (?:out|off|away)\b|\bcut (?:out|down|back)\b|"
+    r"\btoo\s+(?!(?:bad|late|soon|early)\b)[a-z]{3,}|"
+    r"^you\s+(?:didn['\u2019]?t|did not|forgot|never|missed)\s+\w|"
+    r"\b(?:nobody|no one|no-one)\s+(?:writes|says|talks|puts|uses|wants|needs|reads|does)\b|"
+    r"^why\s+(?:is|are|did|do|does|would|was|were)\s+(?:there|you|it|this|that|the|so|all)\b|"
+    r"\b(?:looks?|sounds?|reads?|feels?)\s+(?:like\s+(?:a|an|the|some|it|ai|chatgpt)|so|too|super|very|"
+    r"kinda|really|way)\b",
+    re.IGNORECASE,
+)
+"""Request and complaint forms that name a change: a directive only in a correction (module doc)."""
 _CORRECTION_CUE = re.compile(
-    r"^(?:no|nope|wrong)\b|\b(?:wrong|incorrect|not what|that['’]?s not|you forgot|you didn['’]?t|"
-    r"you missed|missing|broke|broken|too (?:long|short|verbose|wordy|formal|casual|vague|"
-    r"complicated|complex|much|many|few))\b",
+    r"^(?:no|nope|wrong)\b|\b(?:wrong|incorrect|not what|that['\u2019]?s not|you forgot|you didn['\u2019]?t|"
+    r"you missed|missing|broke|broken|not fixed|still there|too (?:long|short|verbose|wordy|formal|"
+    r"casual|vague|complicated|complex|much|many|few))\b",
     re.IGNORECASE,
 )
 _IMPERATIVE = re.compile(
-    r"^(?:please\s+)?(?:use|check|add|remove|make|keep|write|read|run|put|call|avoid|stop|"
-    r"include|show|give|answer|reply|respond|switch|change|replace|rename|format|explain|list|"
-    r"look|open|edit|delete|install|import|test|verify|mention|cite|follow|skip|drop|prefer|"
-    r"start|return|print|save|sort|shorten|summarize|summarise|translate|convert|wrap|move|set|"
-    r"update|pass|ask|leave|limit|capitalize|lowercase|quote|respect|handle)\b",
+    r"^(?:please\s+|pls\s+|just\s+)*(?:use|check|add|remove|make|keep|write|read|run|put|call|avoid|"
+    r"stop|include|show|give|answer|reply|respond|switch|change|replace|rename|format|explain|list|"
+    r"look|open|edit|delete|install|import|test|verify|mention|cite|follow|skip|drop|prefer|start|"
+    r"return|print|save|sort|shorten|summarize|summarise|translate|convert|wrap|move|set|update|pass|"
+    r"ask|leave|limit|capitalize|lowercase|quote|respect|handle|lose|cut|trim|turn|say|talk|tell|"
+    r"loosen|tone|simplify|rewrite|rephrase|get rid|take out|stick|go easy|be)\b",
     re.IGNORECASE,
 )
 _LEAD = re.compile(
-    r"^(?:(?:no|nope|wrong|ugh|hmm|ok|okay|well|actually|also|and|but|so)\b[\s,.!:;-]*)+",
+    r"^(?:(?:no(?=\s*[,.!:;-])|nope|wrong|ugh|hmm+|ok|okay|well|actually|also|and|but|so|wait|eh|meh|oh|lol|"
+    r"thanks|thx|ty|close|almost|still|again|yeah|yes|plus|then|hey)\b[\s,.!:;-]*)+",
     re.IGNORECASE,
 )
-_BARE_REDO = re.compile(
-    r"^(?:please\s+)?(?:(?:try|redo|do|fix|run|write|check)\s*(?:it|that|this|again|it again|"
-    r"that again|once more|over)?|(?:give me\s+)?(?:another|a different)(?: one| answer)?)"
-    r"\s*(?:again|please)?[.!]*$",
+_REDO = re.compile(
+    r"\b(?:again|once more|one more time|another (?:one|shot|try|go|attempt|answer|version)|"
+    r"a different (?:one|answer)|redo|retry|regenerate|start over|over again)\b",
     re.IGNORECASE,
 )
+"""A clause asking only for another attempt (with no strong marker) names no change."""
 
 
-def extract_directive(text: str, role: NextStateRole, *, max_sentences: int = 2) -> Hint | None:
+def _clause_is_directive(clause: str, correction: bool) -> bool:
+    core = _LEAD.sub("", clause.strip()).strip(" \"'\u201c\u201d")
+    if not core:
+        return False
+    if _STRONG.search(core):
+        return True
+    if not correction or _REDO.search(core):
+        return False
+    return bool(_REQUEST.search(core) or _IMPERATIVE.match(core))
+
+
+def extract_directive(
+    text: str, role: NextStateRole, *, negative: bool = False, max_sentences: int = 2
+) -> Hint | None:
     """Copy the directive sentences of a user message or feedback comment (module doc).
 
     Args:
         text: the next state's text.
         role: who wrote it; only ``user`` and ``feedback`` can carry a directive here.
+        negative: the turn was judged -1 (the writer is unhappy with it), which, like a lexical
+            correction cue, lets request and complaint forms count as directives.
         max_sentences: most sentences kept, in their original order.
 
     Returns:
@@ -160,15 +211,14 @@ def extract_directive(text: str, role: NextStateRole, *, max_sentences: int = 2)
     """
     if role not in (NextStateRole.USER, NextStateRole.FEEDBACK):
         return None
-    correction = _CORRECTION_CUE.search(text.strip()) is not None
+    correction = negative or _CORRECTION_CUE.search(text.strip()) is not None
     picked: list[str] = []
     for raw in _SENTENCE_SPLIT.split(text.strip()):
-        sentence = raw.strip()
-        core = _LEAD.sub("", sentence).strip()
-        if not core or _BARE_REDO.match(core):
+        sentence = _LEAD.sub("", raw.strip()).strip()
+        if not sentence:
             continue
-        if _MARKER.search(core) or (correction and _IMPERATIVE.match(core)):
-            picked.append(core[0].upper() + core[1:])
+        if any(_clause_is_directive(c, correction) for c in _CLAUSE_SPLIT.split(sentence)):
+            picked.append(sentence[0].upper() + sentence[1:])
         if len(picked) >= max_sentences:
             break
     if not picked:

@@ -51,7 +51,7 @@ def feedback_judgment(inp: JudgeInput) -> Judgment:
     ns = inp.next_state
     if ns.role != NextStateRole.FEEDBACK or ns.reward is None:
         raise ValueError("feedback_judgment needs a feedback next state with a reward")
-    found = extract_directive(ns.text, NextStateRole.FEEDBACK)
+    found = extract_directive(ns.text, NextStateRole.FEEDBACK, negative=ns.reward < 0)
     hint = Hint(text=found.text, selection=HintSelection.FEEDBACK) if found else None
     return Judgment(
         score=feedback_score(ns.reward),
@@ -84,7 +84,9 @@ def judgment_from_votes(
         if writes_hints:
             hint = select_hint(votes, quorum=hint_quorum)
         else:
-            hint = extract_directive(inp.next_state.text, inp.next_state.role)
+            hint = extract_directive(
+                inp.next_state.text, inp.next_state.role, negative=tally.score == -1
+            )
     detail = tally.detail
     if tally.tie:
         counts = ", ".join(f"{s.label}: {n}" for s, n in sorted(tally.counts.items()))
