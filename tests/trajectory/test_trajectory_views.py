@@ -121,3 +121,29 @@ def test_session_ids_resolve_by_unique_prefix_and_are_never_cut(store: Store) ->
     narrow = Console(record=True, width=60, color_system=None)
     narrow.print(list_sessions_table(store))
     assert "sess-1" in narrow.export_text()  # the id column does not wrap at 60 columns
+
+
+def test_sessions_table_fits_80_columns(store: Store) -> None:
+    """At 80 columns the secondary columns go, ids are shortened to a unique prefix (which
+    `sessions show` takes), and nothing left is cut or wrapped."""
+    store.new_session(
+        SessionSource.INFERRED,
+        session_id="0f1e2d3c4b5a69788796a5b4c3d2e1f0",
+        client="openai-python",
+    )
+    console = Console(record=True, width=80, color_system=None)
+    console.print(list_sessions_table(store, width=80))
+    text = console.export_text()
+    assert all(len(line) <= 80 for line in text.splitlines())
+    assert "…" not in text  # no cell or header cut
+    assert "0f1e2d3c4b5a " in text and "openai-python" in text  # the id's unique 12-char prefix
+    assert "train" in text and "tokens p/c" in text and "source" not in text
+    assert "claude-code" in text and "15/3" in text
+    assert "source" in _render(list_sessions_table(store))  # full table without a width
+
+
+def test_short_ids_stay_unique() -> None:
+    from clawrl.trajectory.views import _short_ids
+
+    a, b = "abcdef0123456789", "abcdef0123459999"
+    assert _short_ids([a, b, "x"]) == ["abcdef0123456", "abcdef0123459", "x"]

@@ -73,7 +73,10 @@ def run_list(args: argparse.Namespace) -> int:
     from clawrl.trajectory import list_sessions_table
 
     with _open_store(args) as store:
-        Console().print(list_sessions_table(store, limit=args.limit, offset=args.offset))
+        console = Console()
+        console.print(
+            list_sessions_table(store, limit=args.limit, offset=args.offset, width=console.width)
+        )
     return 0
 
 

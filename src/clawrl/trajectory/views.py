@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from rich import box
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
@@ -111,37 +112,82 @@ def format_session(store: Store, session_id: str) -> RenderableType:
     return Group(header, summary, forest)
 
 
-def list_sessions_table(store: Store, limit: int = 50, offset: int = 0) -> Table:
+SHORT_ID = 12
+"""Characters of a session id shown by the compact table (as ``git log --oneline`` shortens)."""
+
+COMPACT_BELOW = 120
+"""Terminal width (columns) under which :func:`list_sessions_table` drops its secondary columns."""
+
+
+def _short_ids(ids: list[str]) -> list[str]:
+    """Each id cut to :data:`SHORT_ID` characters, or longer until it differs from the others."""
+    out = []
+    for sid in ids:
+        n = SHORT_ID
+        while n < len(sid) and any(o != sid and o.startswith(sid[:n]) for o in ids):
+            n += 1
+        out.append(sid[:n])
+    return out
+
+
+def list_sessions_table(
+    store: Store, limit: int = 50, offset: int = 0, *, width: int | None = None
+) -> Table:
     """A table of sessions, newest first: id, source, client, created, ended, turns, trainable,
-    side, failed, tokens, feedback."""
-    table = Table(title="sessions")
-    for name, justify in [
-        ("session", "left"),
-        ("source", "left"),
-        ("client", "left"),
-        ("created", "left"),
-        ("ended", "left"),
-        ("turns", "right"),
-        ("trainable", "right"),
-        ("side", "right"),
-        ("failed", "right"),
-        ("tokens p/c", "right"),
-        ("feedback", "right"),
-    ]:
-        # ids are what `sessions show` takes: never wrapped or cut
-        table.add_column(name, justify=justify, no_wrap=name == "session")  # type: ignore[arg-type]
-    for s in store.list_sessions(limit=limit, offset=offset):
-        table.add_row(
-            s.session.id,
-            s.session.source.value,
-            s.session.client or "-",
-            _when(s.session.created_at),
-            _when(s.session.ended_at),
-            str(s.turns),
-            str(s.trainable_turns),
-            str(s.side_turns),
-            str(s.failed_turns),
-            f"{s.prompt_tokens}/{s.completion_tokens}",
-            str(s.feedback),
-        )
+    side, failed, tokens (prompt/completion), feedback.
+
+    Args:
+        width: the terminal's width in columns; under :data:`COMPACT_BELOW` the table keeps only
+            the id's first :data:`SHORT_ID` characters (longer where needed to tell the listed
+            ids apart; ``sessions show`` takes any unique prefix), client, created (without the
+            year), turns, trainable, failed and tokens, so that nothing is cut at 80 columns.
+            ``None``: the full table.
+    """
+    compact = width is not None and width < COMPACT_BELOW
+    table = Table(
+        title="sessions",
+        box=box.SIMPLE_HEAD if compact else box.HEAVY_HEAD,
+        pad_edge=not compact,
+    )
+    short_header = {"trainable": "train", "failed": "fail"}
+    columns = [
+        ("session", "left", True),
+        ("source", "left", False),
+        ("client", "left", True),
+        ("created", "left", True),
+        ("ended", "left", False),
+        ("turns", "right", True),
+        ("trainable", "right", True),
+        ("side", "right", False),
+        ("failed", "right", True),
+        ("tokens p/c", "right", True),
+        ("feedback", "right", False),
+    ]
+    shown = [name for name, _, essential in columns if essential or not compact]
+    for name, justify, _ in columns:
+        if name in shown:
+            # ids (or their unique prefixes) are what `sessions show` takes: never wrapped
+            table.add_column(
+                short_header.get(name, name) if compact else name,
+                justify=justify,  # type: ignore[arg-type]
+                no_wrap=name == "session" or compact,
+            )
+    rows = store.list_sessions(limit=limit, offset=offset)
+    ids = _short_ids([r.session.id for r in rows]) if compact else None
+    for i, s in enumerate(rows):
+        created = _when(s.session.created_at)
+        cells = {
+            "session": ids[i] if ids else s.session.id,
+            "source": s.session.source.value,
+            "client": s.session.client or "-",
+            "created": created[5:16] if compact and created != "-" else created,
+            "ended": _when(s.session.ended_at),
+            "turns": str(s.turns),
+            "trainable": str(s.trainable_turns),
+            "side": str(s.side_turns),
+            "failed": str(s.failed_turns),
+            "tokens p/c": f"{s.prompt_tokens}/{s.completion_tokens}",
+            "feedback": str(s.feedback),
+        }
+        table.add_row(*(cells[name] for name in shown))
     return table
