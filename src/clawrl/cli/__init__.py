@@ -20,6 +20,20 @@ Start here:
   clawrl doctor                                   check the machine and the model cache
   clawrl generate "What is 2+2?"                  answer with the embedded SmolLM2-135M
   clawrl generate --show-tokens "Hi"              ...and show each token id and log-prob
+  clawrl demo --quick                             the main job, a 4-step first look (~5 min)
+  clawrl demo                                     the main job: 16 steps, report in demo-report/
+
+Serve, record and train online (point any OpenAI/Anthropic client or harness at it):
+  clawrl serve --port 8000                        serve and record; no training
+  clawrl serve --method combine                   ...and train online (Binary RL + OPD)
+  clawrl sessions list                            what was recorded
+  clawrl sessions show 3f2a9c0d11e4               one session as a prefix tree (id or prefix)
+  clawrl export --out trajectories.jsonl          token ids, loss masks, log-probs
+
+Measure:
+  clawrl judge eval --votes 3                     the PRM judge on 100 labeled turns
+  clawrl eval personalization --base-url http://127.0.0.1:8000
+  clawrl harness train --tasks builtin            GRPO through an agent harness in a sandbox
 """
 
 _MODULES = [demo, generate, doctor, serve, sessions, export_model, judge, eval, harness]
