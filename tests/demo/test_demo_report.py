@@ -6,6 +6,7 @@ import json
 
 from clawrl.config import load_config
 from clawrl.demo import DemoSettings, MethodResult, score_table, write_report
+from clawrl.demo.report import guard_table
 
 
 def _results():
@@ -13,7 +14,9 @@ def _results():
                      samples_trained=64, drops={"drop/no_next_state": 5},
                      agreement={"rate": 0.9, "compared": 40},
                      metrics=[{"step": 1, "reward/mean": 0.5, "hint/rate": 0.25},
-                              {"step": 2, "reward/mean": 0.0, "hint/rate": 0.5}])  # fmt: skip
+                              {"step": 2, "reward/mean": 0.0, "hint/rate": 0.5}],
+                     guards={0: {"repetition_rate": 0.0, "answer_accuracy": 0.1},
+                             16: {"repetition_rate": 0.16, "answer_accuracy": 0.04}})  # fmt: skip
     b = MethodResult("combine", scores={0: 0.5, 8: 0.65}, note="stopped at step 9")
     return [a, b]
 
@@ -42,3 +45,9 @@ def test_write_report(tmp_path):
     conf = (tmp_path / "r" / "config.toml").read_text().split("[demo]")[0]
     (tmp_path / "c.toml").write_text(conf)
     assert load_config(tmp_path / "c.toml") == cfg
+
+
+def test_guard_table_reports_loops_and_right_answers():
+    lines = guard_table(_results(), [0, 8, 16]).splitlines()
+    assert lines[2] == "| Binary RL | 0% loop, 10% right | — | 16% loop, 4% right |"
+    assert lines[3] == "| Combined | — | — | — |"

@@ -44,6 +44,10 @@ def test_scores_first_answers_with_the_rubric_and_marks_eval_traffic(fake_openai
     assert rates["within_word_limit"] == rates["gives_answer"] == 1.0
     assert result.satisfied_rate == pytest.approx(1 - n_ai / len(PROBLEMS))
     assert result.policy_versions == [3] and result.n_errors == result.n_unrated == 0
+    # guard metrics: no loops; the answer 32 is right only where the problem's answer is 32
+    assert result.repetition_rate == 0.0
+    right = sum(1 for p in PROBLEMS if p.answer == "32") / len(PROBLEMS)
+    assert result.answer_accuracy == pytest.approx(right)
 
     # one call per problem, marked as evaluation, under an eval- session that is then ended
     assert len(server.chats()) == len(PROBLEMS)
@@ -75,6 +79,7 @@ def test_teacher_eval_sampling_seed_and_failures(fake_openai):
     assert result.mean_score == pytest.approx(3 / 4)
     assert "names_fix" not in result.check_pass_rates
     assert result.check_pass_rates["cites_numbers"] == 0.0
+    assert result.answer_accuracy is None  # the teacher's answers are comments, not numbers
     seeds = [r.body["seed"] for r in server.requests]
     assert len(set(seeds)) == len(PROBLEMS)
     with pytest.raises(ValueError, match="student user cannot evaluate"):
@@ -120,3 +125,18 @@ def test_cli_reports_a_dead_gateway_and_bad_settings(capsys):
     assert "every call failed" in capsys.readouterr().err
     assert main([*args, "--user", "llm"]) == 1
     assert "--user-url and --user-model" in capsys.readouterr().err
+
+
+def test_guard_metrics_count_loops_and_right_answers(fake_openai):
+    def reply(body):
+        text = body["messages"][-1]["content"]
+        i = next(i for i, p in enumerate(PROBLEMS) if p.question in text)
+        if i < 3:  # a decoding loop that ends on the right number
+            return f"It has {PROBLEMS[i].answer} things. " * 3
+        return f"it's {PROBLEMS[i].answer}" if i % 2 else "it's 1000001"
+
+    result = evaluate_personalization(fake_openai(reply).url, "student", PROBLEMS)
+    assert result.repetition_rate == pytest.approx(3 / 10)
+    right = [i for i in range(10) if i < 3 or i % 2]  # 0, 1, 2, 3, 5, 7, 9
+    assert result.answer_accuracy == pytest.approx(len(right) / 10)
+    assert [it.correct for it in result.items] == [i in right for i in range(10)]

@@ -72,6 +72,11 @@ def _table(result: Any) -> Any:
     table.add_row("satisfied", "n/a" if sat is None else f"{sat:.0%}")
     for name, rate in result.check_pass_rates.items():
         table.add_row(f"check: {name}", f"{rate:.0%}")
+    rep, acc = result.repetition_rate, result.answer_accuracy
+    if rep is not None:
+        table.add_row("guard: repeats a sentence 3+ times", f"{rep:.0%}")
+    if acc is not None:
+        table.add_row("guard: last number is the right answer", f"{acc:.0%}")
     table.add_row("problems (scored / total)", f"{len(result.scored)} / {len(result.items)}")
     if result.n_unrated:
         table.add_row("unparseable ratings", str(result.n_unrated))

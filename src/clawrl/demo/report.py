@@ -26,6 +26,24 @@ def score_table(results: list[MethodResult], steps: list[int]) -> str:
     return "\n".join(rows)
 
 
+def guard_table(results: list[MethodResult], steps: list[int]) -> str:
+    """Markdown: per method and step, the answers that loop on a sentence and (student) the
+    answers whose last number is right — what the rubric does not score (clawrl.envs.guards)."""
+    head = "| method | " + " | ".join("base (v0)" if s == 0 else f"{s} steps" for s in steps)
+    rows = [head + " |", "|---|" + "---:|" * len(steps)]
+    for r in results:
+        cells = []
+        for s in steps:
+            g = r.guards.get(s, {})
+            rep, acc = g.get("repetition_rate"), g.get("answer_accuracy")
+            cell = "—" if rep is None else f"{rep:.0%} loop"
+            if acc is not None:
+                cell += f", {acc:.0%} right"
+            cells.append(cell)
+        rows.append(f"| {METHOD_NAMES.get(r.method, r.method)} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def plot(results: list[MethodResult], out: Path) -> list[Path]:
     """``scores.png`` (score vs step) and ``training.png`` (reward mean, hint rate per step)."""
     import matplotlib
@@ -90,6 +108,12 @@ def write_report(
         "Mean rubric score of the first response to each held-out problem (0-1):",
         "",
         table,
+        "",
+        "Not in the score: answers that repeat a sentence 3+ times (a decoding loop) and, for",
+        "the student, answers whose last number is the right answer. A rising score with",
+        "more loops or fewer right answers is the policy gaming the rubric.",
+        "",
+        guard_table(results, steps),
         "",
         "![score vs step](scores.png)",
         "",

@@ -72,6 +72,8 @@ class MethodResult:
     scores: dict[int, float] = field(default_factory=dict)  # step -> mean rubric score
     versions: dict[int, int] = field(default_factory=dict)  # step -> evaluated version
     check_rates: dict[int, dict[str, float]] = field(default_factory=dict)
+    # step -> guard metrics, not part of the score (clawrl.envs.guards)
+    guards: dict[int, dict[str, float | None]] = field(default_factory=dict)
     steps_done: int = 0
     sessions: int = 0
     samples_trained: int = 0
@@ -167,6 +169,10 @@ def run_method(
             result.scores[target] = ev.mean_score
             result.versions[target] = engine.policy_version
             result.check_rates[target] = dict(ev.check_pass_rates)
+            result.guards[target] = {
+                "repetition_rate": ev.repetition_rate,
+                "answer_accuracy": ev.answer_accuracy,
+            }
             progress("evaluated", {"method": method, "step": target, "score": ev.mean_score,
                                    "version": engine.policy_version})  # fmt: skip
     finally:

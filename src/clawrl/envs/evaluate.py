@@ -24,6 +24,7 @@ from typing import Any
 
 from clawrl.envs.client import DEFAULT_TIMEOUT_S, ChatClient
 from clawrl.envs.errors import ChatEndpointError
+from clawrl.envs.guards import final_number_correct, repeated_sentence
 from clawrl.envs.problems import Problem
 from clawrl.envs.sessions import DEFAULT_MODEL, new_run_id
 from clawrl.envs.user import Scenario, SimulatedUser
@@ -51,6 +52,10 @@ class EvalItem:
         error: why there is no answer (a failed call), else ``None``.
         ended: the gateway acknowledged ending the session (an unended evaluation session is
             harmless: it is marked as evaluation either way).
+        repetitive: the answer repeats a sentence 3+ times (:mod:`clawrl.envs.guards`; not
+            part of the score).
+        correct: the answer's last number is the problem's answer (student scenario; ``None``
+            where that does not apply; not part of the score).
     """
 
     problem_id: str
@@ -63,6 +68,8 @@ class EvalItem:
     turn_id: str | None = None
     error: str | None = None
     ended: bool = False
+    repetitive: bool = False
+    correct: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -114,6 +121,19 @@ class EvalResult:
         return out
 
     @property
+    def repetition_rate(self) -> float | None:
+        """Fraction of answers (calls that succeeded) that loop on a sentence (a guard metric)."""
+        done = [i for i in self.items if i.error is None]
+        return sum(i.repetitive for i in done) / len(done) if done else None
+
+    @property
+    def answer_accuracy(self) -> float | None:
+        """Fraction of answers whose last number is the right answer (student scenario; a
+        guard metric: the rubric does not check arithmetic). ``None`` where it does not apply."""
+        known = [i.correct for i in self.items if i.error is None and i.correct is not None]
+        return sum(known) / len(known) if known else None
+
+    @property
     def satisfied_rate(self) -> float | None:
         """Fraction of scored answers that would have satisfied the user."""
         known = [i.satisfied for i in self.items if i.satisfied is not None]
@@ -143,6 +163,8 @@ class EvalResult:
             "mean_score": self.mean_score,
             "satisfied_rate": self.satisfied_rate,
             "check_pass_rates": self.check_pass_rates,
+            "repetition_rate": self.repetition_rate,
+            "answer_accuracy": self.answer_accuracy,
             "scores": self.scores,
             "n_scored": len(self.scored),
             "n_unrated": self.n_unrated,
@@ -248,6 +270,10 @@ async def aevaluate_personalization(
                         turn_id=result.turn_ids[0] if result.turn_ids else None,
                         error=error,
                         ended=ended,
+                        repetitive=repeated_sentence(result.content) is not None,
+                        correct=final_number_correct(result.content, problem)
+                        if scenario is Scenario.STUDENT
+                        else None,
                     )
             items[i] = item
             if progress is not None:
