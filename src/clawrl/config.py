@@ -88,7 +88,15 @@ class TrainerConfig(_Section):
         "combine: both (OpenClaw-RL).",
     )
     batch_size: int = Field(16, ge=1, le=4096, description="Samples per optimizer step.")
-    micro_batch_size: int = Field(4, ge=1, le=1024, description="Samples per forward/backward.")
+    micro_batch_size: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="Samples per forward/backward. Rows of a pass are padded to the longest and "
+        "projected to the vocabulary from the earliest completion, so online turns with prompts "
+        "of different lengths train faster and far lighter one at a time on a CPU (measured: "
+        "3.3 vs 11 GB peak, 14 vs 24 s per 4-sample step); raise it on a GPU.",
+    )
     lora_rank: int = Field(16, ge=1, le=1024, description="LoRA rank (all linear layers).")
     lora_alpha: int = Field(32, ge=1, le=4096, description="LoRA alpha.")
     full_finetune: bool = Field(False, description="Train all weights instead of LoRA.")

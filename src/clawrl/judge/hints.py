@@ -165,7 +165,7 @@ _IMPERATIVE = re.compile(
     r"stop|include|show|give|answer|reply|respond|switch|change|replace|rename|format|explain|list|"
     r"look|open|edit|delete|install|import|test|verify|mention|cite|follow|skip|drop|prefer|start|"
     r"return|print|save|sort|shorten|summarize|summarise|translate|convert|wrap|move|set|update|pass|"
-    r"ask|leave|limit|capitalize|lowercase|quote|respect|handle|lose|cut|trim|turn|say|talk|tell|"
+    r"ask|leave|limit|capitalize|lowercase|quote|respect|handle|lose|cut|trim|turn|say|tell|"
     r"loosen|tone|simplify|rewrite|rephrase|get rid|take out|stick|go easy|be)\b",
     re.IGNORECASE,
 )

@@ -72,7 +72,10 @@ def token_logprobs(model: torch.nn.Module, batch: Batch) -> tuple[Tensor, Tensor
     Only positions from the batch's first completion token on are projected to the vocabulary
     (``logits_to_keep``): prompt positions would otherwise cost ``[B, L, vocab]`` floats several
     times over (log-softmax, entropy, autograd), which for long agent prompts is most of a
-    step's memory. Positions before that hold 0 in both outputs (they are never in
+    step's memory. Log-probs are ``x_a - logsumexp(x)`` rather than a gathered log-softmax,
+    and the entropy is computed row by row without gradient, so the only ``[B, K, vocab]``
+    tensors autograd keeps are the logits (and the temperature-scaled copy when a row's
+    temperature is not 1). Positions before ``start`` hold 0 in both outputs (they are never in
     ``loss_mask``).
 
     Returns:
@@ -89,9 +92,16 @@ def token_logprobs(model: torch.nn.Module, batch: Batch) -> tuple[Tensor, Tensor
     if logits.shape[1] != keep:  # a model that ignores logits_to_keep returns every position
         logits = logits[:, -keep:]
     temp = torch.where(batch.temperature > 0, batch.temperature, torch.ones_like(batch.temperature))
-    logp = torch.log_softmax(logits[:, :-1, :].float() / temp[:, None, None], dim=-1)
-    chosen = logp.gather(-1, batch.input_ids[:, start + 1 :, None]).squeeze(-1)
-    with torch.no_grad():
-        entropy = -(logp.exp() * logp).sum(-1)
+    x = logits[:, :-1, :].float()
+    if bool((temp != 1).any()):
+        x = x / temp[:, None, None]
+    # log p(a) = x_a - logsumexp(x): unlike log_softmax, nothing [B, K, vocab] is kept for the
+    # backward pass beyond the logits themselves (logsumexp saves its input by reference).
+    lse = torch.logsumexp(x, dim=-1)
+    chosen = x.gather(-1, batch.input_ids[:, start + 1 :, None]).squeeze(-1) - lse
+    with torch.no_grad():  # H = lse - sum(p * x), one row at a time: [K, vocab] temporaries
+        entropy = torch.stack(
+            [lse[b] - (torch.softmax(x[b], dim=-1) * x[b]).sum(-1) for b in range(x.shape[0])]
+        )
     pad = (start, 0)  # left-pad the prompt positions back: outputs are [B, L-1]
     return torch.nn.functional.pad(chosen, pad), torch.nn.functional.pad(entropy, pad)
