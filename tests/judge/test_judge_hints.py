@@ -139,8 +139,10 @@ def test_request_forms_need_a_correction():
         assert extract_directive(text, NextStateRole.USER, negative=True) is not None
 
 
-def test_directive_set_precision_and_recall():
-    """160 replies labeled by a writer who had not seen the code (see the module doc)."""
+def test_directive_set_precision_and_recall_with_oracle_mood():
+    """160 replies labeled by a writer who had not seen the code (see the module doc). The
+    writer's mood stands in for the judge's score, so this is an upper bound on what the judge
+    gets (the judge may score a new request -1)."""
     import json
     from pathlib import Path
 
@@ -158,3 +160,37 @@ def test_directive_set_precision_and_recall():
     assert len(rows) == 160
     assert tp / (tp + fp) >= 0.95
     assert tp / (tp + fn) >= 0.85
+
+
+@pytest.mark.parametrize(
+    ("text", "negative", "expected"),
+    [
+        # lead-in words that can start an instruction stay (the hint keeps its meaning)
+        ("Close the file before returning, don't leak it.", False, "Close the file"),
+        ("Wait for the build to finish, don't guess.", False, "Wait for the build"),
+        ("no-one writes like that, drop the bold", True, "No-one writes like that"),
+        # "no" as a courtesy, and questions the writer asks for themselves: no correction
+        ("No problem. Can you explain how vaccines work?", False, None),
+        ("No rush, whenever you get a chance", False, None),
+        ("What should I cook tonight?", False, None),
+        ("I can't live without coffee lol.", False, None),
+        ("Never  mind, what's the weather?", False, None),
+        # a redo that names something more is a directive; a bare one is not
+        ("Redo it in metric units.", True, "Redo it in metric units"),
+        ("Please take another shot at it.", True, None),
+    ],
+)
+def test_extract_directive_review_cases(text, negative, expected):
+    h = extract_directive(text, NextStateRole.USER, negative=negative)
+    if expected is None:
+        assert h is None
+    else:
+        assert h is not None and h.text.startswith(expected)
+
+
+def test_extract_directive_is_linear_on_long_whitespace():
+    import time
+
+    start = time.perf_counter()
+    extract_directive("a" + " " * 50_000 + "b and c", NextStateRole.USER, negative=True)
+    assert time.perf_counter() - start < 5.0  # was quadratic: 40k spaces took 53 s

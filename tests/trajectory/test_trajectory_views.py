@@ -138,7 +138,23 @@ def test_sessions_table_fits_80_columns(store: Store) -> None:
     assert "…" not in text  # no cell or header cut
     assert "0f1e2d3c4b5a " in text and "openai-python" in text  # the id's unique 12-char prefix
     assert "train" in text and "tokens p/c" in text and "source" not in text
-    assert "claude-code" in text and "15/3" in text
+    # the demo's long ids and a long client string: ids stay whole, the client gives way
+    for i in range(3):
+        store.new_session(
+            SessionSource.HEADER,
+            session_id=f"sim-combine-student-1a2b3c4d-{i}-gsm8k-test-{i}",
+            client="claude-cli/1.0.83 (external, cli)",
+        )
+    console = Console(record=True, width=80, color_system=None)
+    console.print(list_sessions_table(store, width=80))
+    text = console.export_text()
+    assert all(len(line) <= 80 for line in text.splitlines())
+    assert "…" not in text and "train" in text and "fail" in text
+    assert "gsm8k" not in text  # shortened to the unique prefixes ...
+    for i in range(3):
+        assert f"sim-combine-student-1a2b3c4d-{i} " in text  # ... which stay whole
+    assert "created" in text and "tokens p/c" in text
+    assert "15/3" in text and "client" not in text  # long ids: the client column went
     assert "source" in _render(list_sessions_table(store))  # full table without a width
 
 
@@ -146,4 +162,7 @@ def test_short_ids_stay_unique() -> None:
     from clawrl.trajectory.views import _short_ids
 
     a, b = "abcdef0123456789", "abcdef0123459999"
-    assert _short_ids([a, b, "x"]) == ["abcdef0123456", "abcdef0123459", "x"]
+    assert _short_ids([a, b, "x"], [a, b, "x"]) == ["abcdef0123456", "abcdef0123459", "x"]
+    # unique against every stored id, not only the ids on this page
+    assert _short_ids([a], [a, b, "x"]) == ["abcdef0123456"]
+    assert _short_ids([a], [a]) == ["abcdef012345"]

@@ -74,9 +74,8 @@ def run_list(args: argparse.Namespace) -> int:
 
     with _open_store(args) as store:
         console = Console()
-        console.print(
-            list_sessions_table(store, limit=args.limit, offset=args.offset, width=console.width)
-        )
+        width = console.width if console.is_terminal else None  # piped: the full table
+        console.print(list_sessions_table(store, limit=args.limit, offset=args.offset, width=width))
     return 0
 
 
@@ -111,7 +110,8 @@ def run_export(args: argparse.Namespace) -> int:
     from clawrl.trajectory import export_jsonl
 
     with _open_store(args) as store:
-        n = export_jsonl(store, args.out if args.out else sys.stdout, args.sessions)
+        ids = [resolve_session_id(store, s) for s in args.sessions] if args.sessions else None
+        n = export_jsonl(store, args.out if args.out else sys.stdout, ids)
     where = args.out or "standard output"
     print(f"exported {n} trajectories to {where}", file=sys.stderr)
     return 0

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from clawrl.envs.numbers import numbers_in
+from clawrl.envs.numbers import canonical, numbers_in
 from clawrl.envs.problems import Problem
 
 _UNIT = re.compile(r"(?<=[.!?])\s+|\n+")
@@ -40,4 +40,4 @@ def final_number_correct(response: str, problem: Problem) -> bool:
     """Whether the last number in ``response`` equals ``problem.answer`` (canonical forms:
     ``"12.50" == "12.5"``, ``"1,000" == "1000"``); a response without a number is wrong."""
     found = numbers_in(response)
-    return bool(found) and found[-1] == problem.answer
+    return bool(found) and found[-1] == canonical(problem.answer)

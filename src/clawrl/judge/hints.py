@@ -23,18 +23,21 @@ and verifier lines are evidence, not instructions). Sentences are cut into claus
 semicolons, dashes, "and"/"but"/"so"); a sentence is kept when one of its clauses
 
 * carries a *strong marker* (``don't``, ``never``, ``always``, ``instead``, ``should``,
-  ``make sure``, ``next time``, ``without`` ...), whatever the message's tone; or, only when the
-  message is a *correction* (the judge scored the turn -1, or a lexical cue: ``no``, ``wrong``,
-  ``not what``, ``you forgot``, ``too long`` ...),
+  ``make sure``, ``next time`` ...), whatever the message's tone; or, only when the message is
+  a *correction* (the judge scored the turn -1, or a lexical cue: ``no`` but not "no problem",
+  ``wrong``, ``not what``, ``you forgot``, ``too long`` ...),
 * starts with an imperative verb (``lose the bold``, ``cut it down``), or is a *request form*:
   ``please``/``pls``, ``can you ...``, ``I (just) need ...``, ``no``/``less``/``more`` + noun,
-  ``... only``, ``too <adj>``, ``get rid of``, ``nobody writes ...``, ``why is there ...``,
-  ``sounds/looks like ...``, ``you didn't ...``.
+  ``... only``, ``without``, ``too <adj>``, ``get rid of``, ``nobody writes ...``,
+  ``why is there ...``, ``sounds/looks like ...``, ``you didn't ...``.
 
-A clause asking only for another attempt ("try again", "give me another one", "please take
-another shot") is never a directive. Requiring a correction for the weak forms keeps a new task
-("can you explain how vaccines work?") from becoming a hint, as long as the judge does not score
-it -1. It is a keyword heuristic and it cannot rephrase. Measured on 160 user replies written
+Lead-ins ("hmm", "ok but", "ugh") are dropped; words that can also start an instruction
+("no", "wait", "close", "still") only when punctuation follows them. A question the writer
+asks for themselves ("what should I cook?") is never a directive, nor is a clause that only
+asks for another attempt ("try again", "give me another one", "please take another shot");
+a redo that names more ("redo it in metric units") is. Requiring a correction for the weak
+forms keeps a new task ("can you explain how vaccines work?") from becoming a hint, as long
+as the judge does not score it -1. It is a keyword heuristic and it cannot rephrase. Measured on 160 user replies written
 for this by someone who had not seen the code (90 directives, 70 not; ``negative`` set where the
 writer is unhappy): precision 0.98, recall 0.89 (the previous marker-only rule: 1.00, 0.29).
 It misses praise followed by a request ("great, but give distances in km pls") and pure
@@ -129,12 +132,12 @@ def select_hint(votes: Sequence[Vote], *, quorum: float = DEFAULT_QUORUM) -> Hin
 
 _SENTENCE_SPLIT = re.compile(r"(?<=[.!?])\s+|\n+")
 _CLAUSE_SPLIT = re.compile(
-    r",\s*|;\s*|:\s+|\s+[-\u2013\u2014]+\s+|\s+(?:and|but|so|or|plus)\s+", re.I
+    r",\s*|;\s*|:\s+|(?<!\s)\s+[-\u2013\u2014]+\s+|(?<!\s)\s+(?:and|but|so|or|plus)\s+", re.I
 )
 _STRONG = re.compile(
-    r"\b(?:don['\u2019]?t|do not|never(?! mind)|always|instead|rather than|"
+    r"\b(?:don['\u2019]?t|do not|never(?!\s+mind)|always|instead|rather than|"
     r"should(?:n['\u2019]?t| not)?|make sure|remember to|needs? to|must|next time|from now on|"
-    r"in (?:the )?future|going forward|avoid|you forgot to|without)\b",
+    r"in (?:the )?future|going forward|avoid|you forgot to)\b",
     re.IGNORECASE,
 )
 """Markers that make a clause a directive on their own."""
@@ -144,7 +147,7 @@ _REQUEST = re.compile(
     r"^i\s+(?:just\s+|only\s+|still\s+|really\s+)?(?:need|want|wanted|asked for)\s+(?!to\b)|"
     r"^(?:no|less|fewer|more|shorter|simpler|plain|only)\s+(?!(?:that|this|it|i|you|thats|not|one|"
     r"idea|way|problem|worries|thanks|clue|matter)\b)[a-z\"'\u201c]|"
-    r"\bonly\b[.!?]*$|\bhas to go\b|\bget rid of\b|\btake (?:out|off|away)\b|\bcut (?:out|down|back)\b|"
+    r"\bonly\b[.!?]*$|\bwithout\b|\bhas to go\b|\bget rid of\b|\btake (?:out|off|away)\b|\bcut (?:out|down|back)\b|"
     r"\btoo\s+(?!(?:bad|late|soon|early)\b)[a-z]{3,}|"
     r"^you\s+(?:didn['\u2019]?t|did not|forgot|never|missed)\s+\w|"
     r"\b(?:nobody|no one|no-one)\s+(?:writes|says|talks|puts|uses|wants|needs|reads|does)\b|"
@@ -155,7 +158,8 @@ _REQUEST = re.compile(
 )
 """Request and complaint forms that name a change: a directive only in a correction (module doc)."""
 _CORRECTION_CUE = re.compile(
-    r"^(?:no|nope|wrong)\b|\b(?:wrong|incorrect|not what|that['\u2019]?s not|you forgot|you didn['\u2019]?t|"
+    r"^(?:no(?![\s,.!-]+(?:problem|worries|thanks|rush|need|way|biggie|pressure|doubt|"
+    r"idea|clue|offense|offence|matter|one|the|that|this|it)\b)|nope|wrong)\b|\b(?:wrong|incorrect|not what|that['\u2019]?s not|you forgot|you didn['\u2019]?t|"
     r"you missed|missing|broke|broken|not fixed|still there|too (?:long|short|verbose|wordy|formal|"
     r"casual|vague|complicated|complex|much|many|few))\b",
     re.IGNORECASE,
@@ -170,27 +174,70 @@ _IMPERATIVE = re.compile(
     re.IGNORECASE,
 )
 _LEAD = re.compile(
-    r"^(?:(?:no(?=\s*[,.!:;-])|nope|wrong|ugh|hmm+|ok|okay|well|actually|also|and|but|so|wait|eh|meh|oh|lol|"
-    r"thanks|thx|ty|close|almost|still|again|yeah|yes|plus|then|hey)\b[\s,.!:;-]*)+",
+    r"^(?:(?:(?:no|well|wait|close|almost|still|again|then|yes|yeah|thanks|ty)(?=\s*[,.!:;])|"
+    r"nope|wrong|ugh|hmm+|ok|okay|actually|also|and|but|so|eh|meh|oh|lol|thx|plus|hey)"
+    r"(?![-\w])[\s,.!:;]*)+",
     re.IGNORECASE,
 )
+"""Lead-ins dropped before a sentence is classified and copied. Words that can start an
+instruction ("close the file", "wait for the build", "no bold") only go when punctuation
+follows them ("no, ...", "wait, ...")."""
+_SELF_QUESTION = re.compile(
+    r"^(?:what|when|where|who|how|which|should i|should we|do you|did you|are you|is it|"
+    r"does it|would it|can i|may i)\b.*\?$",
+    re.IGNORECASE,
+)
+"""A question the writer asks for themselves ("what should I cook?"): no directive."""
 _REDO = re.compile(
     r"\b(?:again|once more|one more time|another (?:one|shot|try|go|attempt|answer|version)|"
     r"a different (?:one|answer)|redo|retry|regenerate|start over|over again)\b",
     re.IGNORECASE,
 )
-"""A clause asking only for another attempt (with no strong marker) names no change."""
+"""Asking for another attempt; a clause that says nothing else names no change."""
+
+
+def _only_redo(core: str) -> bool:
+    """The clause asks for another attempt and names nothing else (< 2 content words left)."""
+    if not _REDO.search(core):
+        return False
+    rest = _REDO.sub(" ", core)
+    return len([w for w in content_tokens(rest) if w not in _REDO_FILLER]) < 2
+
+
+_REDO_FILLER = frozenset(
+    [
+        "try",
+        "give",
+        "please",
+        "pls",
+        "make",
+        "show",
+        "write",
+        "redo",
+        "take",
+        "shot",
+        "one",
+        "more",
+        "time",
+        "let",
+        "me",
+    ]
+)
 
 
 def _clause_is_directive(clause: str, correction: bool) -> bool:
     core = _LEAD.sub("", clause.strip()).strip(" \"'\u201c\u201d")
-    if not core:
+    if not core or _SELF_QUESTION.match(core):
         return False
     if _STRONG.search(core):
         return True
-    if not correction or _REDO.search(core):
+    if not correction or _only_redo(core):
         return False
-    return bool(_REQUEST.search(core) or _IMPERATIVE.match(core))
+    return bool(_REQUEST.search(core) or _IMPERATIVE.match(core) or _REDO_WITH.match(core))
+
+
+_REDO_WITH = re.compile(r"^(?:redo|retry|try again|do it again)\b", re.IGNORECASE)
+"""A redo that names something more ("redo it in metric units") is a directive."""
 
 
 def extract_directive(
@@ -214,7 +261,7 @@ def extract_directive(
     correction = negative or _CORRECTION_CUE.search(text.strip()) is not None
     picked: list[str] = []
     for raw in _SENTENCE_SPLIT.split(text.strip()):
-        sentence = _LEAD.sub("", raw.strip()).strip()
+        sentence = _LEAD.sub("", " ".join(raw.split())).strip()
         if not sentence:
             continue
         if any(_clause_is_directive(c, correction) for c in _CLAUSE_SPLIT.split(sentence)):

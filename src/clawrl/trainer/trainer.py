@@ -22,6 +22,7 @@ student at sampling time), as in OpenClaw-RL.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import logging
 import os
@@ -115,21 +116,28 @@ def release_free_memory() -> bool:
 
     A training step allocates gigabytes of short-lived ``[B, K, vocab]`` tensors on CPU; glibc
     keeps the freed heap mapped, so a long-running server's RSS climbs step after step although
-    nothing leaks. Measured on SmolLM2-135M, 4 samples of up to 764 tokens: 8.1 GB resident
-    between steps without it, 1.6 GB with it, at the same step time. A no-op (False) off glibc.
+    nothing leaks. Measured on SmolLM2-135M, 4 samples of up to 764 tokens: 8.2 GB resident
+    between steps without it, 1.6 GB with it (``benchmarks/trainer_memory.py``). A no-op
+    (False) off glibc.
     """
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    """glibc's ``malloc_trim``, looked up once (``find_library`` runs ``ldconfig``), or None."""
     import ctypes
     import ctypes.util
 
     name = ctypes.util.find_library("c")
-    if name is None:
-        return False
     try:
-        trim = ctypes.CDLL(name).malloc_trim
+        return ctypes.CDLL(name).malloc_trim if name else None
     except (OSError, AttributeError):
-        return False
-    trim(0)
-    return True
+        return None
 
 
 def attach_lora(model: torch.nn.Module, s: TrainerSettings) -> torch.nn.Module:

@@ -119,14 +119,29 @@ COMPACT_BELOW = 120
 """Terminal width (columns) under which :func:`list_sessions_table` drops its secondary columns."""
 
 
-def _short_ids(ids: list[str]) -> list[str]:
-    """Each id cut to :data:`SHORT_ID` characters, or longer until it differs from the others."""
+_COMPACT_FIXED = 49
+"""Columns of the compact table other than id and client: created (11), turns (5), train (5),
+fail (4), tokens (10), plus 2 columns of padding each and for the id column."""
+
+
+def _short_ids(ids: list[str], all_ids: list[str]) -> list[str]:
+    """Each id cut to :data:`SHORT_ID` characters, or longer until no other id in ``all_ids``
+    (every session in the store, not only this page) starts with it."""
+    ordered = sorted(set(all_ids) | set(ids))
+    index = {sid: i for i, sid in enumerate(ordered)}
+
+    def common(a: str, b: str) -> int:
+        n = 0
+        while n < min(len(a), len(b)) and a[n] == b[n]:
+            n += 1
+        return n
+
     out = []
     for sid in ids:
-        n = SHORT_ID
-        while n < len(sid) and any(o != sid and o.startswith(sid[:n]) for o in ids):
-            n += 1
-        out.append(sid[:n])
+        i = index[sid]
+        neighbours = ordered[max(0, i - 1) : i] + ordered[i + 1 : i + 2]
+        need = max((common(sid, o) + 1 for o in neighbours), default=0)
+        out.append(sid[: max(SHORT_ID, need)])
     return out
 
 
@@ -148,6 +163,7 @@ def list_sessions_table(
         title="sessions",
         box=box.SIMPLE_HEAD if compact else box.HEAVY_HEAD,
         pad_edge=not compact,
+        collapse_padding=compact,
     )
     short_header = {"trainable": "train", "failed": "fail"}
     columns = [
@@ -164,16 +180,23 @@ def list_sessions_table(
         ("feedback", "right", False),
     ]
     shown = [name for name, _, essential in columns if essential or not compact]
+    rows = store.list_sessions(limit=limit, offset=offset)
+    ids = _short_ids([r.session.id for r in rows], store.session_ids()) if compact else None
+    id_width = max((len(x) for x in (ids or [r.session.id for r in rows])), default=7)
+    if compact and width is not None and id_width + _COMPACT_FIXED + 18 > width:
+        shown.remove("client")  # long ids: the client column goes rather than cut anything
     for name, justify, _ in columns:
         if name in shown:
-            # ids (or their unique prefixes) are what `sessions show` takes: never wrapped
+            # ids (or their unique prefixes) are what `sessions show` takes: never cut; in the
+            # compact table the client column gives way first
             table.add_column(
                 short_header.get(name, name) if compact else name,
                 justify=justify,  # type: ignore[arg-type]
-                no_wrap=name == "session" or compact,
+                no_wrap=name == "session" or (compact and name != "client"),
+                max_width=16 if compact and name == "client" else None,
+                min_width=id_width if name == "session" else None,
+                overflow="ellipsis" if name == "client" else "fold",
             )
-    rows = store.list_sessions(limit=limit, offset=offset)
-    ids = _short_ids([r.session.id for r in rows]) if compact else None
     for i, s in enumerate(rows):
         created = _when(s.session.created_at)
         cells = {
