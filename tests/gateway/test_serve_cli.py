@@ -139,6 +139,11 @@ def test_graceful_shutdown_curl_example_and_sessions_cli(tiny_dir, tmp_path, cap
     assert exported["session_id"] == sid
     (row,) = exported["rows"]
     assert sum(row["loss_mask"]) == exported["turns"][0]["completion_len"] > 0
+    # export takes a unique id prefix, as `sessions show` does
+    prefixed = tmp_path / "prefixed.jsonl"
+    args = ["export", "--session", sid[:12], "--out", str(prefixed), "--store", str(db)]
+    assert main(args) == 0
+    assert json.loads(prefixed.read_text())["session_id"] == sid
     assert main(["sessions", "list", "--store", str(tmp_path / "missing.db")]) == 1
 
 

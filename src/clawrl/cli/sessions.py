@@ -42,7 +42,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     e.add_argument("--format", choices=["jsonl"], default="jsonl", help="output format (jsonl)")
     e.add_argument("--out", metavar="FILE", help="output file (default: standard output)")
     e.add_argument(
-        "--session", dest="sessions", action="append", metavar="ID", help="only this session"
+        "--session",
+        dest="sessions",
+        action="append",
+        metavar="ID",
+        help="only this session (an id or a unique prefix of one; repeatable)",
     )
     _store_option(e)
     e.set_defaults(func=run_export)
