@@ -12,11 +12,15 @@ from clawrl.demo.runner import DemoSettings, MethodResult
 METHOD_NAMES = {"rl": "Binary RL", "opd": "OPD", "combine": "Combined"}
 
 
+def _step_header(steps: list[int]) -> list[str]:
+    """The two header lines of a method x evaluation-step Markdown table."""
+    head = "| method | " + " | ".join("base (v0)" if s == 0 else f"{s} steps" for s in steps)
+    return [head + " |", "|---|" + "---:|" * len(steps)]
+
+
 def score_table(results: list[MethodResult], steps: list[int]) -> str:
     """Markdown: one row per method, one column per evaluation step (mean rubric score)."""
-    head = "| method | " + " | ".join("base (v0)" if s == 0 else f"{s} steps" for s in steps) + " |"
-    sep = "|---|" + "---:|" * len(steps)
-    rows = [head, sep]
+    rows = _step_header(steps)
     for r in results:
         cells = []
         for s in steps:
@@ -29,8 +33,7 @@ def score_table(results: list[MethodResult], steps: list[int]) -> str:
 def guard_table(results: list[MethodResult], steps: list[int]) -> str:
     """Markdown: per method and step, the answers that loop on a sentence and (student) the
     answers whose last number is right — what the rubric does not score (clawrl.envs.guards)."""
-    head = "| method | " + " | ".join("base (v0)" if s == 0 else f"{s} steps" for s in steps)
-    rows = [head + " |", "|---|" + "---:|" * len(steps)]
+    rows = _step_header(steps)
     for r in results:
         cells = []
         for s in steps:

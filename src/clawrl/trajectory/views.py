@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 from typing import Any
 
 from rich import box
@@ -130,17 +131,13 @@ def _short_ids(ids: list[str], all_ids: list[str]) -> list[str]:
     ordered = sorted(set(all_ids) | set(ids))
     index = {sid: i for i, sid in enumerate(ordered)}
 
-    def common(a: str, b: str) -> int:
-        n = 0
-        while n < min(len(a), len(b)) and a[n] == b[n]:
-            n += 1
-        return n
-
     out = []
     for sid in ids:
         i = index[sid]
         neighbours = ordered[max(0, i - 1) : i] + ordered[i + 1 : i + 2]
-        need = max((common(sid, o) + 1 for o in neighbours), default=0)
+        # character-wise common prefix is what an id prefix needs
+        shared = [len(os.path.commonprefix([sid, o])) for o in neighbours]  # noqa: RUF071
+        need = max((n + 1 for n in shared), default=0)
         out.append(sid[: max(SHORT_ID, need)])
     return out
 
