@@ -78,7 +78,9 @@ def run_list(args: argparse.Namespace) -> int:
 
     with _open_store(args) as store:
         console = Console()
-        width = console.width if console.is_terminal else None  # piped: the full table
+        width: int | None = console.width
+        if not console.is_terminal:  # piped: the full table, on lines wide enough for it
+            console, width = Console(width=240), None
         console.print(list_sessions_table(store, limit=args.limit, offset=args.offset, width=width))
     return 0
 
