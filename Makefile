@@ -37,6 +37,7 @@ demo: $(VENV)/.runtime
 lint: $(VENV)/.dev
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/mypy -p clawrl
 
 # the real agent harnesses (Claude Code, Codex, OpenClaw, Qwen Code, opencode, mini-swe-agent)
 # for tests/e2e, into .harnesses/ (npm registry + PyPI; ~2 min and ~3 GB the first time). If the
@@ -51,7 +52,7 @@ test: lint harnesses
 	$(BIN)/pytest -q
 
 typecheck: $(VENV)/.dev
-	$(BIN)/mypy src/clawrl
+	$(BIN)/mypy -p clawrl
 
 bench: $(VENV)/.runtime
 	$(BIN)/python benchmarks/engine_throughput.py

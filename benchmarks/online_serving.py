@@ -18,9 +18,10 @@ import threading
 import time
 
 from clawrl.cli.common import quiet_transformers
+from clawrl.config import TrainerConfig
 from clawrl.engine import SamplingParams, TransformersEngine
 from clawrl.models import load_policy
-from clawrl.trainer import Trainer, TrainerSettings, TrainSample
+from clawrl.trainer import Trainer, TrainSample
 
 
 def _prompt(tok, i: int) -> list[int]:
@@ -60,7 +61,7 @@ def main() -> None:
                 for i, (p, c) in enumerate(zip(ps, cs, strict=True))]  # fmt: skip
 
     samples = asyncio.run(collect())
-    trainer = Trainer(policy.model, TrainerSettings(method="rl", micro_batch_size=4),
+    trainer = Trainer(policy.model, TrainerConfig(method="rl", micro_batch_size=4),
                       "/tmp/clawrl-bench-online")  # fmt: skip
     step_times = []
     for _ in range(2):

@@ -35,8 +35,9 @@ def _rss_gb() -> float:
 def _child(micro_batch: int, trim: bool, steps: int, max_prompt: int) -> None:
     import clawrl.trainer.trainer as trainer_mod
     from clawrl.cli.common import quiet_transformers
+    from clawrl.config import TrainerConfig
     from clawrl.models import load_policy
-    from clawrl.trainer import Trainer, TrainerSettings, TrainSample
+    from clawrl.trainer import Trainer, TrainSample
 
     quiet_transformers()
     if not trim:
@@ -46,7 +47,7 @@ def _child(micro_batch: int, trim: bool, steps: int, max_prompt: int) -> None:
     vocab = len(policy.tokenizer)
     tr = Trainer(
         policy.model,
-        TrainerSettings(method="rl", micro_batch_size=micro_batch),
+        TrainerConfig(method="rl", micro_batch_size=micro_batch),
         tempfile.mkdtemp(),
     )
     times, between = [], []

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from clawrl.gateway import create_app
 from clawrl.gateway.testing import ScriptedEngine, harness_reply, tool_call_text
 from clawrl.harness.adapters.external import ClaudeCodeAdapter
 from clawrl.harness.loop import HarnessRunner, HarnessSettings
@@ -48,7 +49,8 @@ def test_claude_code_rollouts_get_rewards_and_training_rows(tmp_path, tokenizer,
     task = load_task(BUILTIN_TASKS / "create-file-0")
     settings = HarnessSettings(harnesses=["claude-code"], parallel=2)
     with Store(tmp_path / "s.db") as store:
-        runner = HarnessRunner(engine, tokenizer, store, settings, tmp_path)
+        app = create_app(engine, tokenizer, store, model_name=settings.model_name)
+        runner = HarnessRunner(app, store, settings, tmp_path)
         try:
             rollouts = runner.run(
                 [(task, runner.adapters[0], "g"), (task, runner.adapters[0], "g")]

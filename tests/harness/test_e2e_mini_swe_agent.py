@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from clawrl.gateway import create_app
 from clawrl.gateway.testing import ScriptedEngine
 from clawrl.harness.adapters.external import MiniSweAgentAdapter
 from clawrl.harness.loop import HarnessRunner, HarnessSettings
@@ -41,7 +42,8 @@ def test_mini_swe_agent_rollout_gets_reward_and_training_rows(tmp_path, tokenize
     engine = ScriptedEngine(tokenizer, replies, default_reply=replies[-1])
     settings = HarnessSettings(harnesses=["mini-swe-agent"], parallel=1)
     with Store(tmp_path / "s.db") as store:
-        runner = HarnessRunner(engine, tokenizer, store, settings, tmp_path)
+        app = create_app(engine, tokenizer, store, model_name=settings.model_name)
+        runner = HarnessRunner(app, store, settings, tmp_path)
         try:
             (rollout,) = runner.run(
                 [(load_task(BUILTIN_TASKS / "create-file-0"), runner.adapters[0], "g")]

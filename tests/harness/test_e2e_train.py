@@ -13,12 +13,13 @@ import threading
 
 import pytest
 
+from clawrl.config import TrainerConfig
+from clawrl.gateway import create_app
 from clawrl.gateway.testing import ScriptedEngine
 from clawrl.harness.loop import HarnessRunner, HarnessSettings, evaluate, train
 from clawrl.harness.samples import step_samples
 from clawrl.harness.tasks import BUILTIN_TASKS, load_task
 from clawrl.store import Store
-from clawrl.trainer import TrainerSettings
 from clawrl.trainer.trainer import Trainer
 
 
@@ -45,13 +46,16 @@ def test_two_training_steps_through_the_reference_harness(tmp_path, tiny):
     settings = HarnessSettings(harnesses=["reference"], group_size=2, parallel=2)
     trainer = Trainer(
         tiny.model,
-        TrainerSettings(method="precomputed", kl_beta=0.0, micro_batch_size=2, lr=1e-3),
+        TrainerConfig(
+            method={"kind": "grpo", "loss": {"kl": {"beta": 0.0}}}, micro_batch_size=2, lr=1e-3
+        ),
         tmp_path / "run",
     )
     with Store(tmp_path / "s.db") as store:
-        runner = HarnessRunner(engine, tiny.tokenizer, store, settings, tmp_path / "run")
+        app = create_app(engine, tiny.tokenizer, store, model_name="policy")
+        runner = HarnessRunner(app, store, settings, tmp_path / "run")
         try:
-            history = train(runner, trainer, [task], steps=2, tasks_per_step=1, normalize_std=True)
+            history = train(runner, trainer, engine, [task], steps=2, tasks_per_step=1)
         finally:
             runner.close()
         assert [m["policy/version"] for m in history] == [1.0, 2.0]
@@ -68,11 +72,12 @@ def test_two_training_steps_through_the_reference_harness(tmp_path, tiny):
         assert {r["isolation"] for r in rows} == {str(runner.isolation)}
         assert sorted(r["reward"] for r in rows) == [0.0, 0.0, 1.0, 1.0]
 
-        # credit: every sampled token of each rollout is trained exactly once, with A = +-1
+        # credit: every sampled token of each rollout is trained exactly once, carrying its
+        # rollout's reward, group and episode (the trainer's GRPO turns them into A = +-0.707)
         rollouts = {r["id"]: r for r in rows}
-        advantages = {rid: (1.0 if r["reward"] == 1.0 else -1.0) for rid, r in rollouts.items()}
+        rewards = {rid: r["reward"] for rid, r in rollouts.items()}
         built = step_samples(
-            store, advantages, {k: r["group"] for k, r in rollouts.items()},
+            store, rewards, {k: r["group"] for k, r in rollouts.items()},
             {k: "reference" for k in rollouts},
         )  # fmt: skip
         turn_ids = [s.turn_id for s in built.samples]
@@ -81,7 +86,8 @@ def test_two_training_steps_through_the_reference_harness(tmp_path, tiny):
             turn = store.get_turn(s.turn_id)
             assert s.completion_ids == turn.completion_ids and s.prompt_ids == turn.prompt_ids
             rid = str(s.meta["rollout"])
-            assert s.reward == pytest.approx(advantages[rid]) and s.teacher_logprobs is None
+            assert s.reward == rewards[rid] and s.teacher_logprobs is None
+            assert s.episode_id == rid
         versions = {store.get_turn(t).policy_version for t in turn_ids}
         assert versions == {0, 1}  # step 2's rollouts ran on the published version 1
 
@@ -92,7 +98,8 @@ def test_eval_reports_pass_at_k(tmp_path, tiny):
     task = load_task(BUILTIN_TASKS / "create-file-0")
     settings = HarnessSettings(harnesses=["reference"], parallel=2)
     with Store(tmp_path / "s.db") as store:
-        runner = HarnessRunner(engine, tiny.tokenizer, store, settings, tmp_path / "ev")
+        app = create_app(engine, tiny.tokenizer, store, model_name="policy")
+        runner = HarnessRunner(app, store, settings, tmp_path / "ev")
         try:
             (row,) = evaluate(runner, [task], k=2)
         finally:

@@ -49,6 +49,14 @@ class StubScoreEngine:
             out.append([self.table[(shown, t)] for t in target])
         return out
 
+    async def score_next_batch(self, prompts, candidates, *, temperature=1.0):
+        """The next-token form (one row per prompt, one value per candidate); counted as the
+        ``len(prompts) * len(candidates)`` (prompt, verdict) pairs it stands for."""
+        got = await self.score_batch([(p, [c]) for p in prompts for c in candidates])
+        self.calls[-1:] = [len(prompts) * len(candidates)]
+        k = len(candidates)
+        return [[row[0] for row in got[i * k : (i + 1) * k]] for i in range(len(prompts))]
+
 
 def _tid(tok, word):
     (t,) = tok.encode(word, add_special_tokens=False)
@@ -85,7 +93,9 @@ def test_choice_backend_calibrates_on_the_stub_engine(tokenizer, mk_input):
     inp = mk_input("hmm")
     calibrated = ChoiceBackend(engine, tokenizer, templates=[template])
     votes = asyncio.run(calibrated.votes(inp, [0, 1]))
-    assert engine.calls == [12]  # 2 votes x 3 verdicts x {real, content-free}: ONE batch
+    # 2 votes x {real, content-free} prompts x 3 verdicts in ONE batch; the two votes share the
+    # one template, so their identical prompts are scored once: 2 prompts x 3 verdicts
+    assert engine.calls == [6]
     assert [v.score for v in votes] == [Score.BAD, Score.BAD]
     raw = json.loads(votes[0].raw)
     assert raw["template"] == template.name
@@ -214,7 +224,7 @@ def test_judge_timeout_does_not_cancel_the_engines_scoring_future(tokenizer, mk_
     pending: list[concurrent.futures.Future] = []
 
     class SlowEngine:
-        async def score_batch(self, items, *, temperature=1.0):
+        async def score_next_batch(self, prompts, candidates, *, temperature=1.0):
             fut: concurrent.futures.Future = concurrent.futures.Future()
             pending.append(fut)
             return await asyncio.wrap_future(fut)

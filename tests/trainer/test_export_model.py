@@ -7,8 +7,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from clawrl.cli.export_model import export_model
+from clawrl.config import TrainerConfig
 from clawrl.errors import ConfigError
-from clawrl.trainer import Trainer, TrainerSettings, TrainSample
+from clawrl.trainer import Trainer, TrainSample
 
 
 def test_export_merged_and_adapter(tmp_path, tiny):
@@ -17,7 +18,7 @@ def test_export_merged_and_adapter(tmp_path, tiny):
     tiny.tokenizer.save_pretrained(base)
     ids = tiny.tokenizer.encode("hello there")
     sample = TrainSample(ids, [5, 6, 7], [-10.8, -10.8, -10.8], reward=1.0)
-    tr = Trainer(tiny.model, TrainerSettings(method="rl", lr=5e-2), tmp_path / "run")
+    tr = Trainer(tiny.model, TrainerConfig(method="rl", lr=5e-2), tmp_path / "run")
     tr.train_step([sample])
     tr.save_weights(1)
     out = export_model(tmp_path / "run", 1, tmp_path / "v1", model=str(base), adapter_only=False)

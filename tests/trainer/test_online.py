@@ -8,12 +8,13 @@ import time
 import pytest
 
 from clawrl.chat import ChatMessage, render_prompt
+from clawrl.config import TrainerConfig
 from clawrl.engine import SamplingParams, TransformersEngine
 from clawrl.models import tiny_policy
 from clawrl.store import JudgmentRecord, Store, TurnRecord, TurnStatus
-from clawrl.trainer import Trainer, TrainerSettings
+from clawrl.trainer import Trainer
 from clawrl.trainer.metrics import MetricsWriter, read_metrics
-from clawrl.trainer.online import OnlineLearner, OnlineSettings, hinted_messages
+from clawrl.trainer.online import OnlineLearner, hinted_messages
 
 
 @pytest.fixture()
@@ -48,9 +49,9 @@ def _record(policy, engine, store, n, *, score, hint=None, status=TurnStatus.OK)
 
 
 def _learner(policy, engine, store, tmp, method="combine", batch=4):
-    trainer = Trainer(policy.model, TrainerSettings(method=method, lr=1e-3), tmp / "out")
+    config = TrainerConfig(method=method, lr=1e-3, batch_size=batch)
+    trainer = Trainer(policy.model, config, tmp / "out")
     return OnlineLearner(store, engine, policy.tokenizer, trainer,
-                         OnlineSettings(method=method, batch_size=batch),
                          MetricsWriter(tmp / "out", tensorboard=False))  # fmt: skip
 
 

@@ -1,6 +1,7 @@
 """The online loop end to end: the openai SDK talks to the gateway while it trains.
 
-Tiny model, scripted judge (the judge is not under test here; its own tests cover it).
+Tiny model, scripted judge (the judge is not under test here; its own tests cover it), built by
+the composition root every command uses (:func:`clawrl.runtime.build_runtime`).
 """
 
 from __future__ import annotations
@@ -10,16 +11,11 @@ import time
 import openai
 import pytest
 
-from clawrl.engine import TransformersEngine
-from clawrl.gateway import create_app
-from clawrl.gateway.testing import LiveServer
+from clawrl.config import load_config
 from clawrl.judge.types import BackendKind, Hint, HintSelection, Judgment, Score
 from clawrl.models import tiny_policy
-from clawrl.store import Store
-from clawrl.trainer import TrainerSettings
+from clawrl.runtime import JudgeBundle, build_runtime
 from clawrl.trainer.metrics import read_metrics
-from clawrl.trainer.online import OnlineSettings
-from clawrl.trainer.service import OnlineService
 
 
 async def scripted_judge(inp):
@@ -46,19 +42,19 @@ def _wait(cond, timeout_s=90.0):
 @pytest.mark.timeout(300)
 def test_two_training_steps_while_serving(tmp_path):
     policy = tiny_policy(seed=7, max_context=1024)
-    engine = TransformersEngine.from_policy(policy)
-    store = Store(tmp_path / "s.db")
-    service = OnlineService(
-        store, engine, policy, scripted_judge,
-        OnlineSettings(method="combine", batch_size=3, poll_interval_s=0.1),
-        TrainerSettings(method="combine", lr=1e-3, micro_batch_size=2),
-        tmp_path / "out",
+    cfg = load_config(None, [
+        'trainer.method="combine"', "trainer.batch_size=3", "trainer.poll_interval_s=0.1",
+        "trainer.lr=1e-3", "trainer.micro_batch_size=2", f'trainer.output_dir="{tmp_path / "out"}"',
+    ])  # fmt: skip
+    runtime = build_runtime(
+        cfg, policy=policy, store=tmp_path / "s.db", judge=JudgeBundle(scripted_judge),
+        model_name="tiny",
     )  # fmt: skip
+    service, engine, store = runtime.service, runtime.engine, runtime.store
+    assert service is not None
     lines: list[str] = []
-    service.learner.on_step = lambda m: lines.append(service.step_line(m))
-    app = create_app(engine, policy.tokenizer, store, model_name="tiny")
-    app.router.lifespan_context = service.lifespan
-    server = LiveServer(app, lifespan="on").start()
+    service.on_step(lambda m: lines.append(service.step_line(m)))
+    server = runtime.serve()
     client = openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0)
     try:
         versions_seen = []
@@ -101,4 +97,4 @@ def test_two_training_steps_while_serving(tmp_path):
     rows = read_metrics(tmp_path / "out" / "metrics.jsonl")
     assert [r["step"] for r in rows][:2] == [1, 2]
     assert rows[1]["policy/version"] == 2.0 and rows[0]["hint/rate"] >= 0.0
-    store.close()
+    runtime.close()

@@ -10,7 +10,8 @@ import sys
 import pytest
 import torch
 
-from clawrl.trainer import Trainer, TrainerSettings, TrainSample
+from clawrl.config import TrainerConfig
+from clawrl.trainer import Trainer, TrainSample
 
 PATH = pathlib.Path(__file__).resolve().parents[2] / "examples" / "reference_loop.py"
 
@@ -37,9 +38,9 @@ def test_first_step_loss_and_gradient_match_reference(loop, tmp_path, micro_batc
             batch.truncated, strict=True,
         )
     ]  # fmt: skip
-    settings = TrainerSettings(
-        method="rl", full_finetune=True, kl_beta=0.02, grad_clip=1e9, lr=0.0,
-        micro_batch_size=micro_batch_size,
+    settings = TrainerConfig(
+        method={"kind": "rl", "loss": {"kl": {"beta": 0.02}}}, full_finetune=True,
+        grad_clip=1e9, lr=0.0, micro_batch_size=micro_batch_size,
     )  # fmt: skip
     trainer = Trainer(model, settings, tmp_path)
     trainer.optimizer.zero_grad = lambda set_to_none=True: None  # keep .grad for comparison

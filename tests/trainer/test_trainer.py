@@ -7,10 +7,11 @@ import asyncio
 import pytest
 import torch
 
+from clawrl.config import TrainerConfig
 from clawrl.engine import SamplingParams, TransformersEngine
 from clawrl.errors import TrainerError
 from clawrl.models import tiny_policy
-from clawrl.trainer import Trainer, TrainerSettings, TrainSample
+from clawrl.trainer import Trainer, TrainSample
 
 
 @pytest.fixture()
@@ -53,7 +54,7 @@ def _samples(policy, n=4, temperature=1.0, reward=lambda i: 1.0 if i % 2 == 0 el
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
 def test_on_policy_first_step_has_no_mismatch(policy, tmp_path, temperature):
     samples = _samples(policy, temperature=temperature)
-    tr = Trainer(policy.model, TrainerSettings(method="rl", micro_batch_size=2), tmp_path)
+    tr = Trainer(policy.model, TrainerConfig(method="rl", micro_batch_size=2), tmp_path)
     m = tr.train_step(samples)
     assert abs(m["kl/mismatch"]) < 1e-4  # trainer log-probs == engine sampling log-probs
     assert m["samples/trained"] == 4 and tr.step == 1
@@ -66,7 +67,7 @@ def test_micro_batching_gives_the_same_gradient(policy, tmp_path):
     for mb in (1, 4):
         tr = Trainer(
             policy.model,
-            TrainerSettings(method="rl", micro_batch_size=mb, lr=0.0, grad_clip=0.0),
+            TrainerConfig(method="rl", micro_batch_size=mb, lr=0.0, grad_clip=0.0),
             tmp_path / str(mb),
         )
         tr.optimizer.step = lambda: None  # keep the gradient for inspection
@@ -78,7 +79,11 @@ def test_micro_batching_gives_the_same_gradient(policy, tmp_path):
 
 def test_positive_reward_raises_logprob_of_sampled_tokens(policy, tmp_path):
     samples = _samples(policy, n=2, reward=lambda i: 1.0)
-    tr = Trainer(policy.model, TrainerSettings(method="rl", lr=5e-3, kl_beta=0.0), tmp_path)
+    tr = Trainer(
+        policy.model,
+        TrainerConfig(method={"kind": "rl", "loss": {"kl": {"beta": 0.0}}}, lr=5e-3),
+        tmp_path,
+    )
     before = tr.train_step(samples)
     for _ in range(3):
         after = tr.train_step(samples)
@@ -94,7 +99,7 @@ def test_positive_reward_raises_logprob_of_sampled_tokens(policy, tmp_path):
 
 def test_publish_swaps_engine_version(policy, tmp_path):
     samples = _samples(policy, n=2)
-    tr = Trainer(policy.model, TrainerSettings(method="rl", lr=1e-2), tmp_path)
+    tr = Trainer(policy.model, TrainerConfig(method="rl", lr=1e-2), tmp_path)
     tr.train_step(samples)
     eng = TransformersEngine.from_policy(policy)
     try:
@@ -119,12 +124,12 @@ def test_publish_swaps_engine_version(policy, tmp_path):
 
 def test_checkpoint_resume_is_exact(policy, tmp_path):
     samples = _samples(policy, n=2)
-    a = Trainer(policy.model, TrainerSettings(method="rl", lr=1e-3), tmp_path)
+    a = Trainer(policy.model, TrainerConfig(method="rl", lr=1e-3), tmp_path)
     a.train_step(samples)
     a.policy_version = 1
     a.save_checkpoint()
     m_a = a.train_step(samples)
-    b = Trainer(policy.model, TrainerSettings(method="rl", lr=1e-3), tmp_path)
+    b = Trainer(policy.model, TrainerConfig(method="rl", lr=1e-3), tmp_path)
     meta = b.load_checkpoint()
     assert meta["step"] == 1 and b.policy_version == 1 and b.step == 1
     m_b = b.train_step(samples)
@@ -135,19 +140,19 @@ def test_checkpoint_resume_is_exact(policy, tmp_path):
 
 
 def test_checkpoint_of_another_shape_is_refused(policy, tmp_path):
-    a = Trainer(policy.model, TrainerSettings(method="rl", lora_rank=4), tmp_path)
+    a = Trainer(policy.model, TrainerConfig(method="rl", lora_rank=4), tmp_path)
     a.save_checkpoint()
-    b = Trainer(policy.model, TrainerSettings(method="rl", full_finetune=True), tmp_path)
+    b = Trainer(policy.model, TrainerConfig(method="rl", full_finetune=True), tmp_path)
     with pytest.raises(TrainerError, match="missing"):
         b.load_checkpoint()
 
 
 def test_method_inputs_are_checked(policy, tmp_path):
     samples = _samples(policy, n=1)
-    tr = Trainer(policy.model, TrainerSettings(method="opd"), tmp_path)
+    tr = Trainer(policy.model, TrainerConfig(method="opd"), tmp_path)
     with pytest.raises(TrainerError, match="teacher"):
         tr.train_step(samples)
-    tr2 = Trainer(policy.model, TrainerSettings(method="rl", max_staleness=0), tmp_path)
+    tr2 = Trainer(policy.model, TrainerConfig(method="rl", max_staleness=0), tmp_path)
     tr2.policy_version = 3
     with pytest.raises(TrainerError, match="stale"):
         tr2.train_step(samples)

@@ -58,19 +58,8 @@ which we do not; TRL's defaults are ``loss_type="dapo"`` and ``beta=0``, ours to
 dual clip does.
 """
 
-from clawrl.algorithms.advantages import (
-    AdvantageInputs,
-    AdvantageOutputs,
-    binary_rl_advantages,
-    combined_advantages,
-    compute_advantages,
-    grpo_advantages,
-    normalize_by_key,
-    opd_advantages,
-    precomputed_advantages,
-    prm_outcome_advantages,
-)
-from clawrl.algorithms.aggregation import aggregate
+from typing import TYPE_CHECKING, Any
+
 from clawrl.algorithms.config import (
     AdvantageConfig,
     AggregationConfig,
@@ -93,16 +82,61 @@ from clawrl.algorithms.config import (
     TokenMean,
     TruncatedIS,
 )
-from clawrl.algorithms.kl import kl_estimate, kl_k1, kl_k2, kl_k3
-from clawrl.algorithms.losses import compute_loss, ppo_clip_loss, validate_loss_inputs
-from clawrl.algorithms.staleness import StalenessResult, drop_stale
-from clawrl.algorithms.types import (
-    LossInputs,
-    LossOutputs,
-    Normalizers,
-    count_normalizers,
-    effective_mask,
-)
+
+if TYPE_CHECKING:  # the tensor functions import torch: loaded on first use (see __getattr__)
+    from clawrl.algorithms.advantages import (
+        AdvantageInputs,
+        AdvantageOutputs,
+        binary_rl_advantages,
+        combined_advantages,
+        compute_advantages,
+        grpo_advantages,
+        normalize_by_key,
+        opd_advantages,
+        precomputed_advantages,
+        prm_outcome_advantages,
+    )
+    from clawrl.algorithms.aggregation import aggregate
+    from clawrl.algorithms.kl import kl_estimate, kl_k1, kl_k2, kl_k3
+    from clawrl.algorithms.losses import compute_loss, ppo_clip_loss, validate_loss_inputs
+    from clawrl.algorithms.staleness import StalenessResult, drop_stale
+    from clawrl.algorithms.types import (
+        LossInputs,
+        LossOutputs,
+        Normalizers,
+        count_normalizers,
+        effective_mask,
+    )
+
+_LAZY = {
+    "clawrl.algorithms.advantages": (
+        "AdvantageInputs AdvantageOutputs binary_rl_advantages combined_advantages "
+        "compute_advantages grpo_advantages normalize_by_key opd_advantages "
+        "precomputed_advantages prm_outcome_advantages"
+    ),
+    "clawrl.algorithms.aggregation": "aggregate",
+    "clawrl.algorithms.kl": "kl_estimate kl_k1 kl_k2 kl_k3",
+    "clawrl.algorithms.losses": "compute_loss ppo_clip_loss validate_loss_inputs",
+    "clawrl.algorithms.staleness": "StalenessResult drop_stale",
+    "clawrl.algorithms.types": (
+        "LossInputs LossOutputs Normalizers count_normalizers effective_mask"
+    ),
+}
+_WHERE = {name: module for module, names in _LAZY.items() for name in names.split()}
+
+
+def __getattr__(name: str) -> Any:
+    """Import the torch-backed functions on first use, so that the configs (stdlib only) can be
+    embedded by :mod:`clawrl.config` without importing torch."""
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'clawrl.algorithms' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "AdvantageConfig",

@@ -139,6 +139,7 @@ def grpo_advantages(
     *,
     normalize_std: bool = True,
     eps: float = 1e-4,
+    episode_ids: Tensor | None = None,
 ) -> Tensor:
     """GRPO outcome advantage, group-normalised and broadcast to the completion's tokens.
 
@@ -147,21 +148,47 @@ def grpo_advantages(
     Liu et al. 2025, arXiv:2503.20783). Groups are the completions sharing a prompt and may have
     different sizes; the std is Bessel-corrected (as TRL's), and a group of one gives A = 0.
 
+    Episodes: an agent rollout (an episode) may be trained as several sequences (its turns). With
+    ``episode_ids``, the group statistics are taken over *episodes*, each counted once with its
+    one outcome reward, and every sequence of episode e gets ``A_e`` — so a rollout with many
+    turns weighs no more in its group's mean and std than a rollout with one. Without it every
+    sequence is its own episode.
+
     Args:
-        rewards: ``[B]`` outcome rewards.
+        rewards: ``[B]`` outcome rewards (equal for the sequences of one episode).
         group_ids: ``[B]`` integer id of each completion's group.
         loss_mask: ``[B, T]`` tokens to train on.
         normalize_std: divide by the group std (False: Dr. GRPO).
         eps: added to the std.
+        episode_ids: ``[B]`` integer episode of each sequence, or None.
 
     Returns:
         ``[B, T]`` advantages.
+
+    Raises:
+        ValueError: shapes disagree, or the sequences of one episode differ in reward or group.
     """
     mask = as_bool_mask(loss_mask)
     _check_rows("rewards", rewards, mask)
     _check_rows("group_ids", group_ids, mask)
-    per_sequence = normalize_by_key(rewards, group_ids, normalize_std=normalize_std, eps=eps)
-    return _broadcast(per_sequence, mask)
+    if episode_ids is None:
+        per_sequence = normalize_by_key(rewards, group_ids, normalize_std=normalize_std, eps=eps)
+        return _broadcast(per_sequence, mask)
+    _check_rows("episode_ids", episode_ids, mask)
+    rewards = _float(rewards)
+    _, episode = torch.unique(episode_ids, return_inverse=True)
+    n = int(episode.max()) + 1 if episode.numel() else 0
+    first = torch.full((n,), len(episode), dtype=torch.long).scatter_reduce(
+        0, episode, torch.arange(len(episode)), reduce="amin"
+    )
+    if bool((rewards != rewards[first][episode]).any()) or bool(
+        (group_ids != group_ids[first][episode]).any()
+    ):
+        raise ValueError("the sequences of one episode must share its reward and its group")
+    per_episode = normalize_by_key(
+        rewards[first], group_ids[first], normalize_std=normalize_std, eps=eps
+    )
+    return _broadcast(per_episode[episode], mask)
 
 
 @torch.no_grad()
@@ -320,6 +347,8 @@ class AdvantageInputs:
     """``[B]`` judge reward (binary RL, combined) or outcome reward (GRPO, PRM + outcome)."""
     group_ids: Tensor | None = None
     """``[B]`` integer group id (GRPO, PRM + outcome)."""
+    episode_ids: Tensor | None = None
+    """``[B]`` integer episode (rollout) of each sequence (GRPO); None: one episode each."""
     teacher_logprobs: Tensor | None = None
     """``[B, T]`` hint-enhanced teacher log-probs (OPD, combined)."""
     old_logprobs: Tensor | None = None
@@ -362,7 +391,12 @@ def _precomputed(config: PrecomputedAdvantage, inputs: AdvantageInputs) -> Tenso
 def _grpo(config: GRPOAdvantage, inputs: AdvantageInputs) -> Tensor:
     rewards, group_ids = _need(inputs, config, "rewards", "group_ids")
     return grpo_advantages(
-        rewards, group_ids, inputs.loss_mask, normalize_std=config.normalize_std, eps=config.eps
+        rewards,
+        group_ids,
+        inputs.loss_mask,
+        normalize_std=config.normalize_std,
+        eps=config.eps,
+        episode_ids=inputs.episode_ids,
     )
 
 

@@ -64,13 +64,13 @@ def run(args: argparse.Namespace) -> int:
 
     async def stream() -> None:
         ids: list[int] = []
-        shown = ""
+        shown: str = ""
         async for ev in engine.generate_stream(prompt.token_ids, params):
             events.append(ev)
             if ev.token_id in engine.eos_token_ids:
                 continue
             ids.append(ev.token_id)
-            text = tok.decode(ids, skip_special_tokens=True)
+            text = str(tok.decode(ids, skip_special_tokens=True))
             sys.stdout.write(text[len(shown) :])
             sys.stdout.flush()
             shown = text

@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from clawrl.cli.common import add_config_options, config_from_args
+from clawrl.cli.options import add_method_option, add_trainer_options, apply_flags
 from clawrl.errors import ConfigError
 
 EPILOG = """\
@@ -35,21 +37,25 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     lst = hsub.add_parser("list", help="list harness adapters and whether each is installed")
     lst.set_defaults(func=cmd_list)
 
-    t = hsub.add_parser("train", help="GRPO/PPO through harness rollouts")
+    t = hsub.add_parser("train", help="GRPO through harness rollouts")
     _common(t)
     t.add_argument("--group-size", type=int, default=4, help="G rollouts per task+harness (4)")
     t.add_argument("--steps", type=int, default=5, help="optimizer steps (5)")
     t.add_argument("--tasks-per-step", type=int, default=4, help="tasks per step (4)")
-    t.add_argument(
-        "--method",
-        choices=["grpo", "ppo"],
-        default="grpo",
-        help="grpo: (r - mean) / std per group; ppo: r - mean (group baseline, no std)",
-    )
-    t.add_argument("--lr", type=float, default=5e-5, help="learning rate (5e-5)")
-    t.add_argument("--kl-beta", type=float, default=0.0, help="KL penalty to the base (0)")
-    t.add_argument("--micro-batch", type=int, default=4, help="samples per forward pass (4)")
     t.add_argument("--out", default="runs/harness", help="output dir (runs/harness)")
+    g = t.add_argument_group(
+        "training",
+        "The same settings as the online loop (clawrl.config.TrainerConfig); any other: "
+        "--set trainer.method.KEY=VALUE.",
+    )
+    add_method_option(
+        g,
+        ["grpo", "dr_grpo", "ppo"],
+        "grpo (default): (r - mean) / std over each group's rollouts; dr_grpo: r - mean "
+        "(Dr. GRPO; 'ppo' is its old name)",
+    )
+    add_trainer_options(g, batch_size=False)
+    add_config_options(t)
     t.set_defaults(func=cmd_train, split="train")
 
     e = hsub.add_parser("eval", help="Pass@1 and Pass@k per harness")
@@ -94,21 +100,20 @@ def _policy(spec: str) -> Any:
     return tiny_policy(seed=0) if spec == "tiny" else load_policy(spec)
 
 
-def _runner(args: argparse.Namespace, policy: Any, engine: Any, store: Any, out: Path) -> Any:
-    from clawrl.harness.loop import HarnessRunner, HarnessSettings
+def _settings(args: argparse.Namespace, model_name: str) -> Any:
+    from clawrl.harness.loop import HarnessSettings
 
     options: dict[str, Any] = {}
     if args.max_steps:
         options["max_steps"] = args.max_steps
-    settings = HarnessSettings(
+    return HarnessSettings(
         harnesses=[h.strip() for h in args.harness.split(",") if h.strip()],
         group_size=getattr(args, "group_size", 1),
         parallel=args.parallel,
         isolation=args.isolation,
         options=options,
-        model_name=policy.name if hasattr(policy, "name") else "policy",
+        model_name=model_name,
     )
-    return HarnessRunner(engine, policy.tokenizer, store, settings, out)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -117,7 +122,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     from clawrl.harness.sandbox import choose_isolation
 
     for name, cls in ADAPTERS.items():
-        why = cls().missing()
+        why = cls().missing()  # each adapter reports what is missing, if anything
         print(f"{name:<16} {'installed' if why is None else why}")
     from collections import Counter
 
@@ -134,36 +139,34 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     """``clawrl harness train``."""
-    from clawrl.engine import TransformersEngine
-    from clawrl.harness.loop import train
-    from clawrl.store import Store
-    from clawrl.trainer import TrainerSettings
+    from clawrl.harness.loop import HarnessRunner, train
+    from clawrl.runtime import build_runtime
     from clawrl.trainer.metrics import MetricsWriter
-    from clawrl.trainer.trainer import Trainer
 
+    args.method = args.method or "grpo"
     tasks = _tasks(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
+    cfg = apply_flags(config_from_args(args), args)
+    cfg = cfg.model_copy(
+        update={"trainer": cfg.trainer.model_copy(update={"output_dir": str(out)})}
+    )
     policy = _policy(args.model)
-    engine = TransformersEngine.from_policy(policy)
-    store = Store(out / "store.db")
-    settings = TrainerSettings(
-        method="precomputed", lr=args.lr, kl_beta=args.kl_beta,
-        micro_batch_size=args.micro_batch, max_staleness=1,
-    )  # fmt: skip
-    trainer = Trainer(policy.model, settings, out)
-    runner = _runner(args, policy, engine, store, out)
+    runtime = build_runtime(
+        cfg, policy=policy, store=out / "store.db", online=False, model_name=policy.name
+    )
+    assert runtime.trainer is not None  # a grpo method trains
+    runner = HarnessRunner(runtime.app, runtime.store, _settings(args, policy.name), out)
     writer = MetricsWriter(out, tensorboard=False)
     try:
         history = train(
-            runner, trainer, tasks, steps=args.steps, tasks_per_step=args.tasks_per_step,
-            normalize_std=args.method == "grpo", metrics_writer=writer,
+            runner, runtime.trainer, runtime.engine, tasks, steps=args.steps,
+            tasks_per_step=args.tasks_per_step, metrics_writer=writer,
         )  # fmt: skip
     finally:
         runner.close()
-        engine.close()
-        store.close()
+        runtime.close()
     for i, m in enumerate(history, 1):
         per = "  ".join(
             f"{k.split('/')[1]}={v:.2f}"
@@ -182,33 +185,35 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """``clawrl harness eval``."""
-    from clawrl.engine import TransformersEngine
-    from clawrl.harness.loop import evaluate, format_eval, wait_for_version
-    from clawrl.store import Store
+    from clawrl.config import Config
+    from clawrl.harness.loop import HarnessRunner, evaluate, format_eval, wait_for_version
+    from clawrl.runtime import build_runtime
 
     tasks = _tasks(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    policy = _policy(args.model)
-    engine = TransformersEngine.from_policy(policy)
-    version = 0
+    weights = None
     if args.version:
         if not args.run:
             raise ConfigError("--version needs --run DIR (a 'harness train' output dir)")
         weights = Path(args.run) / "policies" / f"v{args.version}"
         if not weights.is_dir():
             raise ConfigError(f"no policy version {args.version} at {weights}")
-        engine.load_policy(args.version, str(weights))
-        wait_for_version(engine, args.version)
-        version = args.version
-    store = Store(out / "store.db")
-    runner = _runner(args, policy, engine, store, out)
+    policy = _policy(args.model)
+    runtime = build_runtime(Config(), policy=policy, store=out / "store.db", model_name=policy.name)
+    version = 0
     try:
-        rows = evaluate(runner, tasks, k=args.k)
+        if weights is not None:
+            runtime.engine.load_policy(args.version, str(weights))
+            wait_for_version(runtime.engine, args.version)
+            version = args.version
+        runner = HarnessRunner(runtime.app, runtime.store, _settings(args, policy.name), out)
+        try:
+            rows = evaluate(runner, tasks, k=args.k)
+        finally:
+            runner.close()
     finally:
-        runner.close()
-        engine.close()
-        store.close()
+        runtime.close()
     if args.json:
         print(json.dumps([{**r.__dict__, "version": version} for r in rows]))
     else:

@@ -6,19 +6,12 @@ import argparse
 import contextlib
 import os
 import signal
-import socket
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 from clawrl.cli.common import add_config_options, config_from_args, quiet_transformers
-from clawrl.cli.online_options import (
-    add_online_options,
-    apply_online_flags,
-    build_judge,
-    build_service,
-)
+from clawrl.cli.options import add_online_options, apply_flags
 from clawrl.errors import ConfigError
 
 API_KEY_ENV = "CLAWRL_API_KEY"
@@ -78,27 +71,6 @@ def check_bind(host: str, api_key: str | None) -> None:
         )
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening-ready TCP socket bound to ``host:port`` (port 0: a free one).
-
-    Raises:
-        ConfigError: the address cannot be bound (in use, not local).
-    """
-    try:
-        family, kind, proto, _, addr = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0]
-        sock = socket.socket(family, kind, proto)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        # Accepted connections inherit TCP_NODELAY; without it a keep-alive response written
-        # as headers + body waits ~40 ms for the client's delayed ACK (Nagle).
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.bind(addr)
-    except OSError as e:
-        raise ConfigError(f"cannot bind {host}:{port}: {e}") from e
-    return sock
-
-
 def _server(config: object, on_exit: Callable[[], None], grace_s: float) -> object:
     """A uvicorn server that stops on SIGINT/SIGTERM without re-raising the signal afterwards
     (uvicorn's default), so ``clawrl serve`` closes the engine and the store and exits 0.
@@ -143,51 +115,42 @@ def _url_host(host: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = apply_online_flags(config_from_args(args), args)
+    cfg = apply_flags(config_from_args(args), args)
+    overrides: dict[str, object] = {}
+    if args.model:
+        overrides["model"] = cfg.model.model_copy(update={"spec": args.model})
+    if args.store:
+        overrides["server"] = cfg.server.model_copy(update={"store": args.store})
+    cfg = cfg.model_copy(update=overrides)
     host = args.host or cfg.server.host
     port = cfg.server.port if args.port is None else args.port
-    store_path = args.store or cfg.server.store
-    spec = args.model or cfg.model.spec
     api_key = resolve_api_key(args.api_key, cfg.server.api_key)
     check_bind(host, api_key)
+    from clawrl.gateway.server import bind_socket
+
     sock = bind_socket(host, port)
 
     quiet_transformers()
     import uvicorn
     from rich.console import Console
 
-    from clawrl.engine import TransformersEngine
-    from clawrl.gateway import create_app
-    from clawrl.models import load_policy
-    from clawrl.store import Store
+    from clawrl.runtime import build_runtime
 
     err = Console(stderr=True)
-    with err.status(f"loading {spec}"):
-        policy = load_policy(spec, dtype=cfg.model.dtype, device=cfg.model.device)
-    kwargs = {"max_batch": cfg.engine.max_batch}
-    if cfg.engine.max_context is not None:
-        kwargs["max_context"] = cfg.engine.max_context
-    engine = TransformersEngine.from_policy(policy, **kwargs)
-    store = Store(store_path)
-    name = args.served_model_name or (Path(spec).name if Path(spec).is_dir() else spec)
-    judge_engine = None
+    spec, store_path, method = cfg.model.spec, cfg.server.store, cfg.trainer.method
+    with err.status(f"loading {spec}" + (" and the judge" if method.trains else "")):
+        runtime = build_runtime(cfg, model_name=args.served_model_name, api_key=api_key)
     try:
-        app = create_app(
-            engine, policy.tokenizer, store, model_name=name, api_key=api_key, defaults=cfg.sampling
-        )
-        lifespan = "off"
-        if cfg.trainer.method != "off":
-            with err.status("starting the judge and the trainer"):
-                judge, judge_engine = build_judge(cfg, policy, cfg.engine.max_batch)
-                service = build_service(cfg, policy, engine, store, judge)
-                version = service.resume()
-            service.learner.on_step = lambda m: print(service.step_line(m), flush=True)
-            app.router.lifespan_context = service.lifespan  # type: ignore[assignment]
-            lifespan = "on"
+        name = runtime.model_name
+        if runtime.service is not None:
+            service = runtime.service
+            with err.status("resuming from the latest checkpoint"):
+                version = runtime.resume()
+            service.on_step(lambda m: print(service.step_line(m), flush=True))
+            judge = runtime.judge.description if runtime.judge is not None else ""
             print(
-                f"clawrl online loop: method={cfg.trainer.method} batch={cfg.trainer.batch_size}"
-                f" judge={cfg.judge.backend.kind} x{cfg.judge.votes} policy version {version}"
-                f" (output: {cfg.trainer.output_dir})",
+                f"clawrl online loop: method={method.kind} batch={cfg.trainer.batch_size}"
+                f" judge={judge} policy version {version} (output: {cfg.trainer.output_dir})",
                 flush=True,
             )
         bound = sock.getsockname()[1]
@@ -202,10 +165,10 @@ def run(args: argparse.Namespace) -> int:
         )
         grace = max(0.0, float(args.shutdown_grace))
         config = uvicorn.Config(
-            app, log_level="warning", lifespan=lifespan,
+            runtime.app, log_level="warning", lifespan="on" if runtime.service else "off",
             timeout_graceful_shutdown=int(grace) + 30,  # after the engine has ended the rest
         )  # fmt: skip
-        server = _server(config, engine.close, grace)
+        server = _server(config, runtime.engine.close, grace)
         try:
             server.run(sockets=[sock])  # type: ignore[attr-defined]
         finally:
@@ -213,10 +176,7 @@ def run(args: argparse.Namespace) -> int:
             if timer is not None:  # everything finished within the grace period
                 timer.cancel()
     finally:
-        engine.close()
-        if judge_engine is not None:
-            judge_engine.close()
-        store.close()
+        runtime.close()
         sock.close()
         print("clawrl gateway: stopped (engine and store closed)", file=sys.stderr, flush=True)
     return 0

@@ -57,8 +57,8 @@ def plot(results: list[MethodResult], out: Path) -> list[Path]:
     paths = []
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in results:
-        xs = sorted(r.scores)
-        ax.plot(xs, [r.scores[x] for x in xs], marker="o",
+        xs = sorted(s for s, v in r.scores.items() if v is not None)
+        ax.plot(xs, [float(r.scores[x] or 0.0) for x in xs], marker="o",
                 label=METHOD_NAMES.get(r.method, r.method))  # fmt: skip
     ax.set_xlabel("training step")
     ax.set_ylabel("personalization score (rubric, held-out)")

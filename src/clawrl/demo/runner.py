@@ -22,9 +22,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from clawrl.config import Config
+from clawrl.config import Config, expand_method
+
+if TYPE_CHECKING:
+    from clawrl.runtime import JudgeBundle
+    from clawrl.trainer.service import OnlineService
 
 
 @dataclass
@@ -69,7 +73,7 @@ class MethodResult:
     """The numbers of one method."""
 
     method: str
-    scores: dict[int, float] = field(default_factory=dict)  # step -> mean rubric score
+    scores: dict[int, float | None] = field(default_factory=dict)  # step -> mean rubric score
     versions: dict[int, int] = field(default_factory=dict)  # step -> evaluated version
     check_rates: dict[int, dict[str, float]] = field(default_factory=dict)
     # step -> guard metrics, not part of the score (clawrl.envs.guards)
@@ -91,24 +95,33 @@ def _noop(event: str, info: dict[str, Any]) -> None:
     return None
 
 
+def method_config(cfg: Config, method: str, settings: DemoSettings, run_dir: Path) -> Config:
+    """``cfg`` with the demo's method, batch size and output directory: exactly what one
+    method's run trains with (the report records it)."""
+    trainer = cfg.trainer
+    if trainer.method.kind != expand_method(method)["kind"]:
+        trainer = trainer.model_copy(update={"method": expand_method(method)})
+    data = cfg.model_dump(mode="json", exclude_none=True)
+    data["trainer"] = {
+        **trainer.model_dump(mode="json", exclude_none=True),
+        "batch_size": settings.batch_size,
+        "output_dir": str(run_dir / "trainer"),
+    }
+    return Config.model_validate(data)
+
+
 def run_method(
     method: str,
     settings: DemoSettings,
     cfg: Config,
     *,
-    policy_spec: str,
-    judge: Any,
+    judge: JudgeBundle,
     progress: Progress = _noop,
 ) -> MethodResult:
     """Train one method from the base weights and evaluate it at ``settings.eval_steps``."""
-    from clawrl.cli.online_options import build_service
-    from clawrl.engine import TransformersEngine
     from clawrl.envs import evaluate_personalization, judge_agreement, make_user, problem_split
     from clawrl.envs.sessions import run_sessions
-    from clawrl.gateway import create_app
-    from clawrl.gateway.testing import LiveServer
-    from clawrl.models import load_policy
-    from clawrl.store import Store
+    from clawrl.runtime import build_runtime
     from clawrl.trainer.metrics import read_metrics
 
     t0 = time.perf_counter()
@@ -117,20 +130,14 @@ def run_method(
     if run_dir.exists():
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
-    data = cfg.model_dump()
-    data["trainer"].update(method=method, batch_size=settings.batch_size,
-                           output_dir=str(run_dir / "trainer"))  # fmt: skip
-    mcfg = Config.model_validate(data)
+    mcfg = method_config(cfg, method, settings, run_dir)
     split = problem_split(settings.dataset, held_out=settings.eval_problems, seed=settings.seed)
-    policy = load_policy(policy_spec, dtype=cfg.model.dtype, device=cfg.model.device)
-    engine = TransformersEngine.from_policy(policy, max_batch=cfg.engine.max_batch)
-    store = Store(run_dir / "store.db")
-    service = build_service(mcfg, policy, engine, store, judge)
-    service.learner.step_limit = 0
-    app = create_app(engine, policy.tokenizer, store, model_name=policy_spec,
-                     defaults=cfg.sampling)  # fmt: skip
-    app.router.lifespan_context = service.lifespan
-    server = LiveServer(app, lifespan="on").start()
+    runtime = build_runtime(mcfg, store=run_dir / "store.db", judge=judge)
+    service = runtime.service
+    assert service is not None, "the demo trains: its method is never 'off'"
+    service.step_limit = 0
+    server = runtime.serve()
+    spec = runtime.model_name
     user = make_user(settings.scenario, "rule", seed=settings.seed)
     logs: list[Any] = []
     train_problems = list(split.train)
@@ -138,11 +145,15 @@ def run_method(
     try:
         for target in sorted(set(settings.eval_steps)):
             target = min(target, settings.steps)
-            service.learner.step_limit = target
+            service.step_limit = target
             deadline = time.monotonic() + settings.timeout_s
-            while service.trainer.step < target:
+
+            def reached(t: int = target) -> bool:
+                return service.status().steps >= t
+
+            while not reached():
                 if time.monotonic() > deadline:
-                    result.note = f"stopped at step {service.trainer.step}: time budget spent"
+                    result.note = f"stopped at step {service.status().steps}: time budget spent"
                     break
                 batch = [train_problems[(cursor + i) % len(train_problems)]
                          for i in range(settings.concurrency)]  # fmt: skip
@@ -151,7 +162,7 @@ def run_method(
                     server.url, user, batch, concurrency=settings.concurrency,
                     temperature=settings.temperature, max_tokens=settings.max_tokens,
                     max_turns=settings.max_turns, session_prefix=f"sim-{method}-",
-                    should_stop=lambda t=target: service.trainer.step >= t,
+                    should_stop=reached,
                 )  # fmt: skip
                 logs.extend(done)
                 result.sessions += len(done)
@@ -162,27 +173,26 @@ def run_method(
             _wait_idle(service, target)
             progress("eval", {"method": method, "step": target})
             ev = evaluate_personalization(
-                server.url, settings.scenario, split.held_out, model=policy_spec,
+                server.url, settings.scenario, split.held_out, model=spec,
                 temperature=0.0, max_tokens=settings.max_tokens, concurrency=8,
                 seed=settings.seed,
             )  # fmt: skip
             result.scores[target] = ev.mean_score
-            result.versions[target] = engine.policy_version
+            result.versions[target] = runtime.engine.policy_version
             result.check_rates[target] = dict(ev.check_pass_rates)
             result.guards[target] = {
                 "repetition_rate": ev.repetition_rate,
                 "answer_accuracy": ev.answer_accuracy,
             }
             progress("evaluated", {"method": method, "step": target, "score": ev.mean_score,
-                                   "version": engine.policy_version})  # fmt: skip
+                                   "version": runtime.engine.policy_version})  # fmt: skip
     finally:
         server.stop(timeout_s=60)
         status = service.status()
-        engine.close()
         result.steps_done = status.steps
         result.samples_trained = status.trained
         result.drops = dict(status.drops)
-        scores = {j.turn_id: j.score for j in store.iter_judgments()}
+        scores = {j.turn_id: j.score for j in runtime.store.iter_judgments()}
         agree = judge_agreement(logs, scores)
         result.agreement = {
             "compared": agree.compared, "agreed": agree.agreed, "rate": agree.rate,
@@ -190,18 +200,17 @@ def run_method(
             "confusion": dict(agree.confusion),
         }  # fmt: skip
         result.metrics = read_metrics(run_dir / "trainer" / "metrics.jsonl")
-        store.close()
+        runtime.close()
         result.wall_s = time.perf_counter() - t0
     return result
 
 
-def _wait_idle(service: Any, target: int, timeout_s: float = 120.0) -> None:
+def _wait_idle(service: OnlineService, target: int, timeout_s: float = 120.0) -> None:
     """Wait until the version of step ``target`` is being served (the swap is queued)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if service.trainer.step >= target and service.learner.engine.policy_version >= (
-            service.trainer.policy_version
-        ):
+        status = service.status()
+        if status.steps >= target and service.serving_version(status.policy_version):
             return
         time.sleep(0.2)
 
@@ -210,20 +219,13 @@ def run_demo(
     settings: DemoSettings, cfg: Config, *, progress: Progress = _noop
 ) -> list[MethodResult]:
     """Run every method of ``settings`` (the judge is built once and shared)."""
-    from clawrl.cli.online_options import build_judge
-    from clawrl.models import load_policy
+    from clawrl.runtime import build_judge
 
-    spec = cfg.model.spec
-    base = load_policy(spec, dtype=cfg.model.dtype, device=cfg.model.device)
-    judge, judge_engine = build_judge(cfg, base, cfg.engine.max_batch)
-    del base
+    judge = build_judge(cfg)
     results = []
     try:
         for method in settings.methods:
-            results.append(
-                run_method(method, settings, cfg, policy_spec=spec, judge=judge, progress=progress)
-            )
+            results.append(run_method(method, settings, cfg, judge=judge, progress=progress))
     finally:
-        if judge_engine is not None:
-            judge_engine.close()
+        judge.close()
     return results

@@ -24,12 +24,13 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import EllipsisType
 from typing import Any
 
 import torch
 
 from clawrl.engine.sampling import processed_logprobs, sample_rows
-from clawrl.engine.types import Completion, FinishReason, SamplingParams, TokenEvent
+from clawrl.engine.types import Completion, EngineStats, FinishReason, SamplingParams, TokenEvent
 from clawrl.errors import ContextLengthError, EngineClosedError, EngineError
 
 log = logging.getLogger(__name__)
@@ -72,18 +73,6 @@ class _Row:
     pending: TokenEvent | None = None  # the event of the token sampled this step
 
 
-@dataclass
-class EngineStats:
-    """Counters for metrics: tokens and requests served, current queue depth and batch size."""
-
-    prompt_tokens: int = 0
-    generated_tokens: int = 0
-    requests: int = 0
-    queue_depth: int = 0
-    batch_size: int = 0
-    decode_steps: int = 0
-
-
 class TransformersEngine:
     """Token-level engine on a ``transformers`` causal LM (the default backend).
 
@@ -95,6 +84,8 @@ class TransformersEngine:
         max_batch: most rows decoded together.
         policy_version: version of the initial weights.
         decode_text: ``ids -> str``, needed only for stop strings (usually ``tokenizer.decode``).
+        tokenizer_id: the fingerprint of the tokenizer the ids belong to
+            (:func:`clawrl.models.tokenizer_fingerprint`; ``from_policy`` sets it).
 
     All public methods are thread-safe; the async ones may be called from any event loop.
     """
@@ -108,8 +99,10 @@ class TransformersEngine:
         max_batch: int = 32,
         policy_version: int = 0,
         decode_text: Callable[[list[int]], str] | None = None,
+        tokenizer_id: str = "",
     ) -> None:
         self.model = model.eval()
+        self.tokenizer_id = tokenizer_id
         self.eos_token_ids = frozenset(int(i) for i in eos_token_ids)
         self.max_context = int(max_context)
         self.max_batch = int(max_batch)
@@ -147,6 +140,10 @@ class TransformersEngine:
         eos.discard(None)
         kwargs.setdefault("max_context", policy.max_context)
         kwargs.setdefault("decode_text", lambda ids: tok.decode(ids, skip_special_tokens=False))
+        if "tokenizer_id" not in kwargs:
+            from clawrl.models import tokenizer_fingerprint
+
+            kwargs["tokenizer_id"] = tokenizer_fingerprint(tok)
         return cls(policy.model, eos_token_ids=sorted(eos), **kwargs)
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
@@ -333,11 +330,12 @@ class TransformersEngine:
         torch.set_grad_enabled(False)
         while True:
             idle = not (self._rows or self._waiting or self._scores or self._swaps)
+            item: _GenRequest | _ScoreRequest | _SwapRequest | EllipsisType | None
             try:
                 item = self._inbox.get(timeout=0.5) if idle else self._inbox.get_nowait()
             except queue.Empty:
-                item = ...
-            while item is not ...:
+                item = ...  # nothing new: step the running batch
+            while not isinstance(item, EllipsisType):
                 if item is None:
                     self._shutdown()
                     return
@@ -530,9 +528,9 @@ class TransformersEngine:
                     result = self._score_items(req.items, req.temperature, req.candidates)
             else:
                 result = self._score_items(req.items, req.temperature, req.candidates)
-            req.future.set_result(result)
+            _settle(req.future, result=result)
         except Exception as e:
-            req.future.set_exception(EngineError(f"scoring failed: {e}"))
+            _settle(req.future, error=EngineError(f"scoring failed: {e}"))
 
     def _score_items(
         self,
@@ -585,10 +583,10 @@ class TransformersEngine:
                     raise ValueError(f"stale policy version {s.version} <= {self.policy_version}")
                 self._load_weights(s.weights)
                 self.policy_version = s.version
-                s.future.set_result(s.version)
+                _settle(s.future, result=s.version)
             except Exception as e:
                 log.exception("policy swap to version %s failed", s.version)
-                s.future.set_exception(e)
+                _settle(s.future, error=e)
 
     def _load_weights(self, weights: Any) -> None:
         if isinstance(weights, dict):
@@ -627,9 +625,29 @@ class TransformersEngine:
         err = EngineClosedError("engine closed")
         self._fail_all(err)
         for s in self._scores:
-            s.future.set_exception(err)
+            _settle(s.future, error=err)
         for w in self._swaps:
-            w.future.set_exception(err)
+            _settle(w.future, error=err)
+
+
+def _settle(
+    future: concurrent.futures.Future[Any],
+    *,
+    result: Any = None,
+    error: BaseException | None = None,
+) -> None:
+    """Resolve ``future`` unless its waiter already gave up on it (a judge timeout cancels the
+    scoring future it waited on; setting a cancelled future raises ``InvalidStateError``, which
+    would kill the engine thread)."""
+    if future.done():
+        return
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+    except concurrent.futures.InvalidStateError:  # cancelled between the check and the set
+        pass
 
 
 class _LoopEmitter:

@@ -5,10 +5,11 @@ Everything here is in token ids; chat rendering lives in :mod:`clawrl.chat`.
 
 from __future__ import annotations
 
+import concurrent.futures
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 
 class FinishReason(StrEnum):
@@ -98,22 +99,51 @@ class Completion:
     latency: float = 0.0
 
 
+@dataclass
+class EngineStats:
+    """Counters for metrics: tokens and requests served, current queue depth and batch size."""
+
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    requests: int = 0
+    queue_depth: int = 0
+    batch_size: int = 0
+    decode_steps: int = 0
+
+
 @runtime_checkable
 class Engine(Protocol):
-    """Token-level generation and scoring.
+    """Token-level generation and scoring: everything the gateway, the judge, the trainer and the
+    demo use of an engine, declared here and nowhere else.
 
     Implementations: :class:`clawrl.engine.TransformersEngine` (in-process, default) and
-    scripted engines in tests. All methods are safe to call concurrently from asyncio tasks.
+    :class:`clawrl.gateway.testing.ScriptedEngine` (tests); ``tests/engine/test_engine_contract.py`` checks
+    the behaviour every backend must have. All methods are safe to call concurrently from
+    asyncio tasks; token ids and log-probs are those of the policy's tokenizer, log-probs in
+    nats.
+
+    Attributes:
+        max_context: the context window in tokens (prompt + completion).
+        policy_version: the version new requests are served with (it increases only).
+        eos_token_ids: ids that always end a completion (unless ``ignore_eos``).
+        tokenizer_id: :func:`clawrl.models.tokenizer_fingerprint` of the tokenizer whose ids
+            this engine reads and writes (``""`` if unknown); the gateway refuses an engine
+            whose ids would mean something else than its tokenizer's.
+        stats: live counters (:class:`EngineStats`).
     """
 
     max_context: int
     policy_version: int
+    eos_token_ids: frozenset[int]
+    tokenizer_id: str
+    stats: EngineStats
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
         """Sample one completion for ``prompt_ids`` (shape ``[p]``).
 
         Raises:
             ContextLengthError: ``len(prompt_ids) >= max_context``.
+            EngineClosedError: the engine was closed.
             EngineError: generation failed.
         """
         ...
@@ -122,17 +152,62 @@ class Engine(Protocol):
         self, prompt_ids: Sequence[int], params: SamplingParams
     ) -> AsyncIterator[TokenEvent]:
         """Like :meth:`generate`, yielding each token as it is sampled; the last event carries
-        ``finish_reason``. Closing the iterator early aborts the request."""
+        ``finish_reason``. Closing the iterator early aborts the request (its tokens stop being
+        sampled). The same seed, prompt and params give the same ids as :meth:`generate`."""
         ...
 
     async def score(
-        self, prompt_ids: Sequence[int], target_ids: Sequence[int], *, temperature: float = 1.0
+        self,
+        prompt_ids: Sequence[int],
+        target_ids: Sequence[int],
+        *,
+        temperature: float = 1.0,
+        base: bool = False,
     ) -> list[float]:
         """Teacher-forced log-probs of ``target_ids`` (shape ``[t]``) after ``prompt_ids``, under
-        the same temperature semantics as :meth:`generate`; returns shape ``[t]``."""
+        the same temperature semantics as :meth:`generate` (no top-k / top-p); returns shape
+        ``[t]``. ``base=True`` scores with the frozen base weights (a LoRA adapter disabled).
+
+        Raises:
+            ContextLengthError: prompt + target do not fit.
+            EngineError: scoring failed.
+        """
         ...
 
-    def load_policy(self, version: int, weights: object) -> None:
-        """Swap in new weights (a LoRA adapter dir / state dict, or full state dict) as
-        ``version``; requests already running finish on the old version."""
+    async def score_batch(
+        self,
+        items: Sequence[tuple[Sequence[int], Sequence[int]]],
+        *,
+        temperature: float = 1.0,
+        base: bool = False,
+    ) -> list[list[float]]:
+        """:meth:`score` for several ``(prompt_ids, target_ids)`` pairs at once; returns one
+        ``[t_i]`` list per pair, in order."""
+        ...
+
+    async def score_next_batch(
+        self,
+        prompts: Sequence[Sequence[int]],
+        candidates: Sequence[int],
+        *,
+        temperature: float = 1.0,
+    ) -> list[list[float]]:
+        """Next-token scoring: ``[len(prompts)][len(candidates)]`` log-probs of each candidate id
+        right after each prompt (full-vocabulary distribution at ``temperature``); equal to
+        :meth:`score` with a one-token target. Choice judges rank verdicts with it."""
+        ...
+
+    def load_policy(self, version: int, weights: Any) -> concurrent.futures.Future[int]:
+        """Queue new weights (a LoRA adapter directory, or a full state dict) as ``version``;
+        requests already running finish on the old version, later ones get the new one. The
+        future resolves with ``version`` once it serves (or with the error that refused it).
+
+        Raises:
+            ValueError: ``version`` does not increase.
+        """
+        ...
+
+    def close(self) -> None:
+        """Stop serving: pending and running requests end with ``EngineClosedError``; later
+        calls raise it. Idempotent."""
         ...

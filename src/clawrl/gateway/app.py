@@ -21,18 +21,22 @@ module                 does
 ``errors``             OpenAI error shape for every error
 ``auth``               API key middleware, key fingerprints, loopback check
 ``metrics``            Prometheus text, request middleware
-``testing``            ``ScriptedEngine`` and ``LiveServer`` for tests
+``server``             ``bind_socket`` and ``LiveServer`` (uvicorn in a thread)
+``testing``            ``ScriptedEngine`` for tests
 =====================  ==============================================================
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from fastapi import FastAPI
 
 from clawrl.config import SamplingConfig
 from clawrl.engine import Engine
+from clawrl.errors import ConfigError
 from clawrl.gateway import routes_anthropic, routes_clawrl, routes_openai, routes_responses
 from clawrl.gateway.auth import ApiKeyMiddleware
 from clawrl.gateway.errors import install_error_handlers
@@ -49,6 +53,7 @@ def create_app(
     model_name: str,
     api_key: str | None = None,
     defaults: SamplingConfig | None = None,
+    lifespan: Callable[[Any], AbstractAsyncContextManager[None]] | None = None,
 ) -> FastAPI:
     """Build the gateway app over an engine, the policy's tokenizer and a store.
 
@@ -63,10 +68,17 @@ def create_app(
             name any model.
         api_key: when set, every route but ``/healthz`` requires it (401 otherwise).
         defaults: sampling defaults for fields a request leaves out.
+        lifespan: an ASGI lifespan run while the server runs (the online loop,
+            :meth:`clawrl.trainer.service.OnlineService.lifespan`).
 
     Returns:
         The FastAPI app; ``app.state.gateway`` is its :class:`GatewayState`.
+
+    Raises:
+        ConfigError: the engine's token ids belong to another tokenizer
+            (:attr:`clawrl.engine.Engine.tokenizer_id` differs from ``tokenizer``'s).
     """
+    check_tokenizer(engine, tokenizer)
     metrics = Metrics()
     state = GatewayState(
         engine=engine,
@@ -82,6 +94,7 @@ def create_app(
         summary="OpenAI-compatible policy server that records every call token-exactly.",
         docs_url=None,
         redoc_url=None,
+        lifespan=lifespan,
     )
     app.state.gateway = state
     install_error_handlers(
@@ -98,3 +111,22 @@ def create_app(
     )
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
     return app
+
+
+def check_tokenizer(engine: Engine, tokenizer: Any) -> None:
+    """Refuse an engine whose ids mean something else than ``tokenizer``'s.
+
+    Raises:
+        ConfigError: both fingerprints are known and differ.
+    """
+    if not engine.tokenizer_id:
+        return
+    from clawrl.models import tokenizer_fingerprint
+
+    mine = tokenizer_fingerprint(tokenizer)
+    if engine.tokenizer_id != mine:
+        raise ConfigError(
+            f"the engine serves tokenizer {engine.tokenizer_id} but the gateway renders prompts "
+            f"with {mine}: token ids would not mean the same text; serve the same model (or "
+            "its tokenizer) on both sides"
+        )

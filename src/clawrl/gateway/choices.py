@@ -61,6 +61,7 @@ def complete_choice(
         params=params,
         token_ids=list(completion.token_ids),
         sampling_logprobs=list(completion.logprobs),
+        top_logprobs=list(completion.top_logprobs),
         finish_reason=finish_reason_for(completion.finish_reason, parsed),
         parsed=parsed,
         policy_version=completion.policy_version,
@@ -94,8 +95,6 @@ class StreamedChoice:
         started: float,
     ) -> None:
         self.result = result
-        self.tops: list[list[tuple[int, float]]] = []
-        self.role_sent = False
         self.calls_sent = 0
         self.finished = False
         self.recorded = False
@@ -114,7 +113,7 @@ class StreamedChoice:
             r.ttft_s = now
         r.token_ids.append(ev.token_id)
         r.sampling_logprobs.append(ev.logprob)
-        self.tops.append(ev.top_logprobs)
+        r.top_logprobs.append(ev.top_logprobs)
         r.policy_version = ev.policy_version
         r.latency_s = now
         last = ev.finish_reason is not None
@@ -145,4 +144,5 @@ class StreamedChoice:
         calls = [e.call for e in events if isinstance(e, ToolCallEvent)]
         if not self._parallel:
             calls = calls[: max(0, 1 - self.calls_sent)]
+        self.calls_sent += len(calls)
         return content, reasoning, calls

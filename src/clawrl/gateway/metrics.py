@@ -28,6 +28,8 @@ import time
 from collections import defaultdict
 from typing import Any
 
+from clawrl.engine import Engine
+
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 FAMILIES: dict[str, tuple[str, str]] = {
@@ -160,18 +162,14 @@ class Metrics:
                     lines.append(f"{name}{_fmt_labels(key)} {_fmt_value(v)}")
         return "\n".join(lines) + "\n"
 
-    def read_engine(self, engine: Any) -> None:
-        """Copy the engine's gauges (queue depth, batch size, policy version) into the metrics.
-
-        Engines without a ``stats`` attribute (see :class:`clawrl.engine.EngineStats`) report
-        only their policy version.
-        """
-        stats = getattr(engine, "stats", None)
-        if stats is not None:
-            self.set("clawrl_engine_queue_depth", getattr(stats, "queue_depth", 0))
-            self.set("clawrl_engine_batch_size", getattr(stats, "batch_size", 0))
-            self.set("clawrl_engine_generated_tokens_total", getattr(stats, "generated_tokens", 0))
-        self.set("clawrl_engine_policy_version", getattr(engine, "policy_version", 0))
+    def read_engine(self, engine: Engine) -> None:
+        """Copy the engine's gauges (queue depth, batch size, tokens, policy version) into the
+        metrics (:class:`clawrl.engine.EngineStats`)."""
+        stats = engine.stats
+        self.set("clawrl_engine_queue_depth", stats.queue_depth)
+        self.set("clawrl_engine_batch_size", stats.batch_size)
+        self.set("clawrl_engine_generated_tokens_total", stats.generated_tokens)
+        self.set("clawrl_engine_policy_version", engine.policy_version)
 
 
 class RequestMetricsMiddleware:

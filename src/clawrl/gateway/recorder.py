@@ -73,6 +73,8 @@ class ChoiceResult:
         params: the engine sampling params of this choice.
         token_ids: sampled ids so far, shape ``[c]``.
         sampling_logprobs: their sampling log-probs, shape ``[c]``.
+        top_logprobs: per sampled token, ``[(token_id, logprob), ...]`` alternatives when the
+            client asked for them (never stored).
         finish_reason: what the client was (or would have been) told: ``stop``, ``length``,
             ``tool_calls``, or ``aborted`` for incomplete turns.
         parsed: the parsed output sent to the client.
@@ -89,6 +91,7 @@ class ChoiceResult:
     params: SamplingParams
     token_ids: list[int] = field(default_factory=list)
     sampling_logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     finish_reason: str | None = None
     parsed: ParsedCompletion | None = None
     policy_version: int = 0

@@ -41,16 +41,17 @@ from clawrl.errors import ClientInputError
 from clawrl.gateway import anthropic_format as fmt
 from clawrl.gateway.attribution import explicit_session
 from clawrl.gateway.errors import status_and_body
-from clawrl.gateway.protocol_call import (
-    EventStreamResponse,
-    ProtocolRequest,
-    TokenStream,
+from clawrl.gateway.pipeline import (
+    Call,
+    CallRequest,
+    CallStream,
     complete_call,
+    header_value,
     matched_stop,
     start_call,
+    stream_response,
 )
-from clawrl.gateway.recorder import CallContext, ChoiceResult
-from clawrl.gateway.routes_openai import header_value
+from clawrl.gateway.recorder import ChoiceResult
 from clawrl.gateway.state import GatewayState
 from clawrl.store import ApiProtocol
 
@@ -155,12 +156,12 @@ async def create_message(body: MessagesRequest, request: Request) -> Response:
     explicit = explicit_session(
         request.path_params.get("session_id"), request.headers, None, body.metadata
     )
-    req = ProtocolRequest(
+    req = CallRequest(
         protocol=ApiProtocol.ANTHROPIC_MESSAGES,
         messages=conv.messages,
         tools=conv.tools,
         tool_choice=conv.tool_choice,
-        params=sampling_params(body, gw),
+        params=[sampling_params(body, gw)],
         parallel_tool_calls=conv.parallel_tool_calls,
         explicit=explicit,
         facts={
@@ -173,28 +174,22 @@ async def create_message(body: MessagesRequest, request: Request) -> Response:
         requested_model=body.model,
         rename_call=fmt.tool_use_id,
     )
-    ctx, choice = await start_call(gw, request, req)
-    headers = {
-        "x-clawrl-session-id": header_value(ctx.prepared.session_id),
-        "x-clawrl-turn-ids": choice.turn_id,
-    }
+    call = await start_call(gw, request, req)
+    headers = call.headers
     if unknown:
         headers["x-clawrl-ignored-fields"] = header_value(",".join(unknown))
     if body.stream:
-        stream = TokenStream(gw, ctx, choice, req)
+        stream = CallStream(gw, call, req)
         await stream.open()
-        events = _events(gw, ctx, stream, fmt.message_id())
+        return stream_response(stream, _events(gw, call, stream, fmt.message_id()), headers)
 
-        async def on_close() -> None:
-            await events.aclose()
-            await stream.aclose()
+    def respond(results: list[ChoiceResult]) -> Response:
+        return JSONResponse(_message(gw, call, results[0], fmt.message_id()), headers=headers)
 
-        return EventStreamResponse(events, on_close, headers=headers)
-    done = await complete_call(gw, ctx, choice, req)
-    return JSONResponse(_message(gw, ctx, done, fmt.message_id()), headers=headers)
+    return await complete_call(gw, request, call, req, respond)
 
 
-def _message(gw: GatewayState, ctx: CallContext, done: ChoiceResult, id_: str) -> dict:
+def _message(gw: GatewayState, call: Call, done: ChoiceResult, id_: str) -> dict:
     assert done.parsed is not None
     stop = matched_stop(gw, done)
     return fmt.message_json(
@@ -203,14 +198,14 @@ def _message(gw: GatewayState, ctx: CallContext, done: ChoiceResult, id_: str) -
         content=fmt.content_blocks(done.parsed),
         stop_reason_=fmt.stop_reason(done.finish_reason, stop),
         stop_sequence=stop,
-        usage=fmt.usage_json(len(ctx.prepared.prompt_ids), len(done.token_ids)),
+        usage=fmt.usage_json(len(call.ctx.prepared.prompt_ids), len(done.token_ids)),
     )
 
 
 async def _events(
-    gw: GatewayState, ctx: CallContext, stream: TokenStream, id_: str
+    gw: GatewayState, call: Call, stream: CallStream, id_: str
 ) -> AsyncGenerator[bytes, None]:
-    prompt_tokens = len(ctx.prepared.prompt_ids)
+    prompt_tokens = len(call.ctx.prepared.prompt_ids)
     start = fmt.message_json(
         id_=id_,
         model=gw.model_name,
@@ -232,13 +227,13 @@ async def _events(
             out += blocks.reasoning(delta.reasoning)
         if delta.content:
             out += blocks.text(delta.content)
-        for call in delta.calls:
-            out += blocks.tool_use(call)
+        for tool_call in delta.calls:
+            out += blocks.tool_use(tool_call)
         for chunk in out:
             yield chunk
     for chunk in blocks.close():
         yield chunk
-    result = stream.result
+    result = stream.results[0]
     stop = matched_stop(gw, result)
     yield fmt.event(
         {

@@ -36,7 +36,7 @@ async def healthz(request: Request) -> dict[str, Any]:
     return {
         "status": "ok",
         "model": gw.model_name,
-        "policy_version": int(getattr(gw.engine, "policy_version", 0)),
+        "policy_version": gw.engine.policy_version,
     }
 
 

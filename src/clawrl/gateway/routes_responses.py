@@ -44,15 +44,16 @@ from clawrl.errors import ClientInputError
 from clawrl.gateway import responses_format as fmt
 from clawrl.gateway.attribution import explicit_session
 from clawrl.gateway.errors import error_body, status_and_body
-from clawrl.gateway.protocol_call import (
-    EventStreamResponse,
-    ProtocolRequest,
-    TokenStream,
+from clawrl.gateway.pipeline import (
+    Call,
+    CallRequest,
+    CallStream,
     complete_call,
+    header_value,
     start_call,
+    stream_response,
 )
-from clawrl.gateway.recorder import CallContext
-from clawrl.gateway.routes_openai import header_value
+from clawrl.gateway.recorder import ChoiceResult
 from clawrl.gateway.side_calls import codex_turn_metadata, side_kind_from_headers
 from clawrl.gateway.state import GatewayState
 from clawrl.store import ApiProtocol
@@ -131,7 +132,7 @@ def sampling_params(body: ResponsesRequest, gw: GatewayState) -> SamplingParams:
     )
 
 
-def _echo(body: ResponsesRequest, req: ProtocolRequest) -> dict[str, Any]:
+def _echo(body: ResponsesRequest, req: CallRequest) -> dict[str, Any]:
     extra = body.model_extra or {}
     return {
         "instructions": body.instructions,
@@ -140,11 +141,11 @@ def _echo(body: ResponsesRequest, req: ProtocolRequest) -> dict[str, Any]:
         "parallel_tool_calls": req.parallel_tool_calls,
         "reasoning": extra.get("reasoning"),
         "store": bool(extra.get("store", False)),
-        "temperature": req.params.temperature,
+        "temperature": req.params[0].temperature,
         "text": extra.get("text") or {"format": {"type": "text"}},
         "tool_choice": body.tool_choice or "auto",
         "tools": body.tools or [],
-        "top_p": req.params.top_p,
+        "top_p": req.params[0].top_p,
     }
 
 
@@ -175,12 +176,12 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
         prompt_cache_key=body.prompt_cache_key,
     )
     codex = codex_turn_metadata(request.headers)
-    req = ProtocolRequest(
+    req = CallRequest(
         protocol=ApiProtocol.OPENAI_RESPONSES,
         messages=conv.messages,
         tools=conv.tools,
         tool_choice=conv.tool_choice,
-        params=sampling_params(body, gw),
+        params=[sampling_params(body, gw)],
         parallel_tool_calls=body.parallel_tool_calls is not False,
         explicit=explicit,
         side_kind=side_kind_from_headers(request.headers),
@@ -193,39 +194,34 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
         },
         requested_model=body.model,
     )
-    ctx, choice = await start_call(gw, request, req)
-    headers = {
-        "x-clawrl-session-id": header_value(ctx.prepared.session_id),
-        "x-clawrl-turn-ids": choice.turn_id,
-    }
+    call = await start_call(gw, request, req)
+    headers = call.headers
     if unknown:
         headers["x-clawrl-ignored-fields"] = header_value(",".join(unknown))
     echo = _echo(body, req)
     origin = _origins(conv)
     if body.stream:
-        stream = TokenStream(gw, ctx, choice, req)
+        stream = CallStream(gw, call, req)
         await stream.open()
-        events = _events(gw, ctx, stream, echo, origin)
+        return stream_response(stream, _events(gw, call, stream, echo, origin), headers)
 
-        async def on_close() -> None:
-            await events.aclose()
-            await stream.aclose()
+    def respond(results: list[ChoiceResult]) -> Response:
+        done = results[0]
+        assert done.parsed is not None
+        length = done.finish_reason == "length"
+        payload = fmt.response_json(
+            id_=fmt.new_id("resp"),
+            created_at=call.ctx.created_at,
+            model=gw.model_name,
+            status="incomplete" if length else "completed",
+            output=fmt.output_items(done.parsed, origin),
+            usage=fmt.usage_json(len(call.ctx.prepared.prompt_ids), len(done.token_ids)),
+            echo=echo,
+            incomplete_reason="max_output_tokens" if length else None,
+        )
+        return JSONResponse(payload, headers=headers)
 
-        return EventStreamResponse(events, on_close, headers=headers)
-    done = await complete_call(gw, ctx, choice, req)
-    assert done.parsed is not None
-    length = done.finish_reason == "length"
-    payload = fmt.response_json(
-        id_=fmt.new_id("resp"),
-        created_at=ctx.created_at,
-        model=gw.model_name,
-        status="incomplete" if length else "completed",
-        output=fmt.output_items(done.parsed, origin),
-        usage=fmt.usage_json(len(ctx.prepared.prompt_ids), len(done.token_ids)),
-        echo=echo,
-        incomplete_reason="max_output_tokens" if length else None,
-    )
-    return JSONResponse(payload, headers=headers)
+    return await complete_call(gw, request, call, req, respond)
 
 
 def _origins(conv: ResponsesConversation) -> Any:
@@ -237,11 +233,12 @@ def _origins(conv: ResponsesConversation) -> Any:
 
 async def _events(
     gw: GatewayState,
-    ctx: CallContext,
-    stream: TokenStream,
+    call: Call,
+    stream: CallStream,
     echo: dict[str, Any],
     origin: Any,
 ) -> AsyncGenerator[bytes, None]:
+    ctx = call.ctx
     prompt_tokens = len(ctx.prepared.prompt_ids)
     id_ = fmt.new_id("resp")
 
@@ -268,13 +265,13 @@ async def _events(
             out += w.reasoning(delta.reasoning)
         if delta.content:
             out += w.text(delta.content)
-        for call in delta.calls:
-            out += w.call(call)
+        for tool_call in delta.calls:
+            out += w.call(tool_call)
         for chunk in out:
             yield chunk
     for chunk in w.close():
         yield chunk
-    result = stream.result
+    result = stream.results[0]
     usage = fmt.usage_json(prompt_tokens, len(result.token_ids))
     if result.finish_reason == "length":
         final = response(

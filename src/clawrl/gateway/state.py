@@ -38,9 +38,5 @@ class GatewayState:
 
     @property
     def stop_token_ids(self) -> frozenset[int]:
-        """Ids that always end a completion: the engine's EOS ids, else the tokenizer's EOS."""
-        ids = getattr(self.engine, "eos_token_ids", None)
-        if ids:
-            return frozenset(int(i) for i in ids)
-        eos = getattr(self.tokenizer, "eos_token_id", None)
-        return frozenset() if eos is None else frozenset({int(eos)})
+        """Ids that always end a completion: the engine's EOS ids (never client-visible text)."""
+        return self.engine.eos_token_ids

@@ -1,4 +1,4 @@
-"""Test helpers: a scripted engine and a live uvicorn server on an ephemeral port.
+"""Test helpers: a scripted engine and prompt-scripted harness replies.
 
 :class:`ScriptedEngine` fakes the world's edge (STYLE.md item 11): its completions are fixed
 texts, tokenized with the real tokenizer plus EOS, emitted token by token through the real chat,
@@ -6,14 +6,14 @@ protocol and recording layers. Use it where the client or the gateway is under t
 answer must be deterministic (tool calls, multi-turn sessions); use the tiny random model where
 only the plumbing matters.
 
-:class:`LiveServer` runs any ASGI app with uvicorn on ``127.0.0.1`` and a free port in a
-background thread and stops it by flag (no process to kill).
+A live server for an app is :class:`clawrl.gateway.server.LiveServer` (production code: the
+demo and harness mode run one); it is re-exported here for tests.
 """
 
 from __future__ import annotations
 
 import asyncio
-import socket
+import concurrent.futures
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -21,6 +21,10 @@ from typing import Any
 
 from clawrl.engine import Completion, EngineStats, FinishReason, SamplingParams, TokenEvent
 from clawrl.errors import ContextLengthError, EngineClosedError, EngineError
+from clawrl.gateway.server import LiveServer
+from clawrl.models import tokenizer_fingerprint
+
+__all__ = ["LiveServer", "Reply", "ScriptedEngine", "harness_reply", "tool_call_text"]
 
 Reply = str | list[int] | BaseException
 """A scripted reply: the completion text (sampled as its tokens + EOS), exact token ids (sampled
@@ -73,6 +77,7 @@ class ScriptedEngine:
         self.max_context = max_context
         self.policy_version = policy_version
         self.eos_token_ids = frozenset({int(tokenizer.eos_token_id)})
+        self.tokenizer_id = tokenizer_fingerprint(tokenizer)
         self.stats = EngineStats()
         self.prompts: list[list[int]] = []
         self.params: list[SamplingParams] = []
@@ -176,13 +181,50 @@ class ScriptedEngine:
         )
 
     async def score(
-        self, prompt_ids: Sequence[int], target_ids: Sequence[int], *, temperature: float = 1.0
+        self,
+        prompt_ids: Sequence[int],
+        target_ids: Sequence[int],
+        *,
+        temperature: float = 1.0,
+        base: bool = False,
     ) -> list[float]:
-        """Scripted log-probs of ``target_ids``: :meth:`logprob_at` by position."""
+        """Scripted log-probs of ``target_ids``: :meth:`logprob_at` by position (a scripted
+        completion scores exactly as it was sampled)."""
+        self._check_score(prompt_ids, target_ids)
         return [self.logprob_at(k) for k in range(len(target_ids))]
 
-    def load_policy(self, version: int, weights: object) -> None:
-        """Adopt ``version`` (weights are ignored).
+    async def score_batch(
+        self,
+        items: Sequence[tuple[Sequence[int], Sequence[int]]],
+        *,
+        temperature: float = 1.0,
+        base: bool = False,
+    ) -> list[list[float]]:
+        """:meth:`score` of each pair."""
+        return [await self.score(p, t, temperature=temperature, base=base) for p, t in items]
+
+    async def score_next_batch(
+        self,
+        prompts: Sequence[Sequence[int]],
+        candidates: Sequence[int],
+        *,
+        temperature: float = 1.0,
+    ) -> list[list[float]]:
+        """The first-position scripted log-prob for every candidate (no candidate is favoured)."""
+        for p in prompts:
+            self._check_score(p, [0])
+        return [[self.logprob_at(0)] * len(candidates) for _ in prompts]
+
+    def _check_score(self, prompt_ids: Sequence[int], target_ids: Sequence[int]) -> None:
+        if self._closed:
+            raise EngineClosedError("engine is closed")
+        if not prompt_ids:
+            raise EngineError("score needs a non-empty prompt")
+        if len(prompt_ids) + len(target_ids) > self.max_context:
+            raise ContextLengthError(len(prompt_ids) + len(target_ids), self.max_context)
+
+    def load_policy(self, version: int, weights: object) -> concurrent.futures.Future[int]:
+        """Adopt ``version`` at once (weights are ignored); returns a resolved future.
 
         Raises:
             ValueError: ``version`` does not increase.
@@ -190,6 +232,9 @@ class ScriptedEngine:
         if version <= self.policy_version:
             raise ValueError(f"policy versions only increase: {version} <= {self.policy_version}")
         self.policy_version = version
+        fut: concurrent.futures.Future[int] = concurrent.futures.Future()
+        fut.set_result(version)
+        return fut
 
     def close(self) -> None:
         """Refuse further requests."""
@@ -228,74 +273,3 @@ def harness_reply(
         return "OK."
 
     return reply
-
-
-class LiveServer:
-    """An ASGI app served by uvicorn on ``127.0.0.1`` and an ephemeral port, in a thread.
-
-    Use as a context manager::
-
-        with LiveServer(app) as server:
-            client = openai.OpenAI(base_url=server.base_url, api_key="x")
-
-    Args:
-        app: the ASGI app.
-        host: the loopback address to bind.
-        lifespan: ``"on"`` runs the app's lifespan (e.g. the online loop of ``clawrl serve``
-            set on ``app.router.lifespan_context``); ``"off"`` by default.
-    """
-
-    def __init__(self, app: Any, host: str = "127.0.0.1", lifespan: str = "off") -> None:
-        import uvicorn
-
-        self.app = app
-        self.host = host
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        # accepted connections inherit it: no ~40 ms Nagle/delayed-ACK stall on keep-alive
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._sock.bind((host, 0))
-        self.port: int = self._sock.getsockname()[1]
-        config = uvicorn.Config(
-            app, log_level="warning", lifespan=lifespan, timeout_graceful_shutdown=5
-        )
-        self.server = uvicorn.Server(config)
-        self._thread = threading.Thread(
-            target=self.server.run, kwargs={"sockets": [self._sock]}, daemon=True
-        )
-
-    @property
-    def url(self) -> str:
-        """``http://127.0.0.1:PORT``."""
-        return f"http://{self.host}:{self.port}"
-
-    @property
-    def base_url(self) -> str:
-        """The OpenAI base URL, ``http://127.0.0.1:PORT/v1``."""
-        return f"{self.url}/v1"
-
-    def start(self, timeout_s: float = 20.0) -> LiveServer:
-        """Start serving and wait until the server accepts connections.
-
-        Raises:
-            RuntimeError: it did not start within ``timeout_s``.
-        """
-        self._thread.start()
-        deadline = time.monotonic() + timeout_s
-        while not self.server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"uvicorn did not start on {self.url}")
-            time.sleep(0.01)
-        return self
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        """Ask uvicorn to exit (requests in flight finish) and wait for the thread."""
-        self.server.should_exit = True
-        self._thread.join(timeout_s)
-        self._sock.close()
-
-    def __enter__(self) -> LiveServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

@@ -1,17 +1,18 @@
 """Harness-mode training and evaluation, top to bottom with plain calls.
 
 One process holds the policy, the engine, the gateway (a live server on ``127.0.0.1`` and an
-ephemeral port) and the store. Each training step:
+ephemeral port) and the store, all built by :func:`clawrl.runtime.build_runtime`. Each training
+step:
 
 1. picks ``tasks_per_step`` train tasks (round-robin) and runs ``group_size`` rollouts of each
    task with each harness (in parallel threads; the engine batches their calls);
-2. computes rollout advantages per group (:mod:`clawrl.harness.advantage`), skipping and
-   counting groups without signal;
-3. rebuilds each rollout's prefix tree and turns its trained turns into samples
-   (:mod:`clawrl.harness.samples`);
-4. takes one optimizer step with the shared :class:`clawrl.trainer.Trainer` and publishes the
-   new version to the engine (swapped in between requests, as the online loop does), waiting
-   until it serves so the next step's rollouts are on-policy.
+2. keeps the groups with signal (:mod:`clawrl.harness.groups`), counting the others;
+3. rebuilds each kept rollout's prefix tree and turns its trained turns into samples carrying the
+   rollout's reward, group and episode (:mod:`clawrl.harness.samples`);
+4. takes one optimizer step with the shared :class:`clawrl.trainer.Trainer` — its GRPO method
+   computes the group-relative advantages over the rollouts — and publishes the new version to
+   the engine (swapped in between requests, as the online loop does), waiting until it serves
+   so the next step's rollouts are on-policy.
 
 Rollouts go to ``OUT/rollouts.jsonl``, step metrics (with ``harness/NAME/*`` keys per harness)
 to ``OUT/metrics.jsonl``, policy versions to ``OUT/policies/vN``.
@@ -30,8 +31,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from clawrl.engine import Engine
 from clawrl.harness.adapters import Adapter, get_adapter
-from clawrl.harness.advantage import group_advantages
+from clawrl.harness.groups import select_groups
 from clawrl.harness.passk import mean_pass_at_k
 from clawrl.harness.rollout import Rollout, RolloutStatus, run_rollout
 from clawrl.harness.samples import step_samples
@@ -63,26 +65,23 @@ class HarnessSettings:
 
 
 class HarnessRunner:
-    """Owns the gateway server for ``engine`` and runs rollouts against it.
+    """Serves the gateway ``app`` on loopback and runs rollouts against it.
 
     Args:
-        engine / tokenizer / store: what the gateway serves and records into.
+        app: the gateway app (:attr:`clawrl.runtime.Runtime.app`), recording into ``store``.
+        store: the store the app records into (rollouts' turns are read back from it).
         settings: see :class:`HarnessSettings`.
         out_dir: where ``rollouts.jsonl`` goes.
     """
 
-    def __init__(
-        self, engine: Any, tokenizer: Any, store: Any, settings: HarnessSettings, out_dir: Path
-    ) -> None:
-        from clawrl.gateway import create_app
-        from clawrl.gateway.testing import LiveServer
+    def __init__(self, app: Any, store: Any, settings: HarnessSettings, out_dir: Path) -> None:
+        from clawrl.gateway.server import LiveServer
 
-        self.engine, self.store, self.settings = engine, store, settings
+        self.store, self.settings = store, settings
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.adapters: list[Adapter] = [get_adapter(h) for h in settings.harnesses]
         self.isolation: Isolation = choose_isolation(settings.isolation)
-        app = create_app(engine, tokenizer, store, model_name=settings.model_name)
         self.server = LiveServer(app).start()
         url = urlparse(self.server.url)
         self.gateway = (url.hostname or "127.0.0.1", int(url.port or 80))
@@ -125,7 +124,7 @@ def harness_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
     return out
 
 
-def wait_for_version(engine: Any, version: int, timeout_s: float = 120.0) -> None:
+def wait_for_version(engine: Engine, version: int, timeout_s: float = 120.0) -> None:
     """Block until ``engine`` serves ``version`` (a published version is swapped in async)."""
     deadline = time.monotonic() + timeout_s
     while engine.policy_version < version and time.monotonic() < deadline:
@@ -135,11 +134,11 @@ def wait_for_version(engine: Any, version: int, timeout_s: float = 120.0) -> Non
 def train(
     runner: HarnessRunner,
     trainer: Any,
+    engine: Engine,
     tasks: Sequence[Task],
     *,
     steps: int,
     tasks_per_step: int,
-    normalize_std: bool,
     metrics_writer: Any = None,
 ) -> list[dict[str, float]]:
     """Run ``steps`` harness RL steps (see the module docstring); returns each step's metrics."""
@@ -158,16 +157,16 @@ def train(
         rollouts = runner.run(jobs)
         t_rollouts = time.perf_counter() - t0
         rewarded = [(r.id, r.group, r.reward) for r in rollouts if r.reward is not None]
-        adv = group_advantages(rewarded, normalize_std=normalize_std)
+        chosen_groups = select_groups(rewarded)
         groups = {r.id: r.group for r in rollouts}
         built = step_samples(
-            runner.store, adv.advantages, groups, {r.id: r.harness for r in rollouts}
+            runner.store, chosen_groups.kept, groups, {r.id: r.harness for r in rollouts}
         )
         metrics: dict[str, float] = {
             **harness_metrics(rollouts),
-            "group/count": float(len(adv.group_means)),
-            "group/skipped_zero_variance": float(adv.skipped_zero_variance),
-            "group/skipped_too_small": float(adv.skipped_too_small),
+            "group/count": float(len(chosen_groups.group_means)),
+            "group/skipped_zero_variance": float(chosen_groups.skipped_zero_variance),
+            "group/skipped_too_small": float(chosen_groups.skipped_too_small),
             "rollout/reward_mean": (
                 sum(r for *_, r in rewarded) / len(rewarded) if rewarded else 0.0
             ),
@@ -186,8 +185,8 @@ def train(
             trained = trainer.train_step(built.samples)
             trained["trainer/step"] = trained.pop("step", 0.0)  # the row's "step" is the loop's
             metrics.update(trained)
-            version = trainer.publish(runner.engine)
-            wait_for_version(runner.engine, version)
+            version = trainer.publish(engine)
+            wait_for_version(engine, version)
             metrics["policy/version"] = float(version)
         else:
             metrics["step/skipped_no_signal"] = 1.0
@@ -234,7 +233,7 @@ def evaluate(
         for task in tasks:
             valid = [r for r in rollouts if r.task_id == task.id and r.reward is not None]
             if valid:
-                counts.append((len(valid), sum(r.reward >= pass_threshold for r in valid)))
+                counts.append((len(valid), sum((r.reward or 0.0) >= pass_threshold for r in valid)))
         rewards = [r.reward for r in rollouts if r.reward is not None]
         kk = min([k, *(n for n, _ in counts)]) if counts else k
         rows.append(

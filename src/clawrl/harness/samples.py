@@ -1,4 +1,4 @@
-"""Rollouts -> :class:`clawrl.trainer.TrainSample`, one per trainable turn, advantage attached.
+"""Rollouts -> :class:`clawrl.trainer.TrainSample`, one per trainable turn, reward attached.
 
 A rollout's turns are rebuilt into its prefix tree from the store
 (:func:`clawrl.trajectory.load_tree`); :func:`clawrl.trajectory.training_rows` decides which turns
@@ -6,15 +6,17 @@ are trained (each sampled token in exactly one row); each trained turn becomes o
 ``prompt_ids -> completion_ids`` (its own sampled tokens only, so environment tokens and context
 copies are never trained).
 
-How the rollout advantage reaches the shared trainer: each sample's ``reward`` holds the
-rollout's advantage ``A_i`` and the trainer runs ``TrainerSettings(method="precomputed")``
-(:class:`clawrl.algorithms.PrecomputedAdvantage`), which broadcasts it to every sampled token of
-the sample: ``A_t = A_i``, per sample, independent of micro-batching, through the PPO-clip loss.
+How the rollout's outcome reaches the shared trainer: each sample's ``reward`` holds the
+rollout's verifier reward, ``group_id`` its group and ``episode_id`` the rollout id; the trainer's
+GRPO method (:class:`clawrl.config.GRPOMethod`) normalises the rewards over the rollouts of each
+group, once per batch, and broadcasts each rollout's advantage to every sampled token of its
+samples (:func:`clawrl.algorithms.grpo_advantages` with ``episode_ids``).
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from clawrl.store import Store
@@ -32,9 +34,10 @@ class RolloutSamples:
 
 
 def rollout_samples(
-    store: Store, rollout_id: str, advantage: float, group_id: int, meta: dict[str, object]
+    store: Store, rollout_id: str, reward: float, group_id: int, meta: Mapping[str, object]
 ) -> tuple[list[TrainSample], Counter[str]]:
-    """One sample per trained turn of rollout ``rollout_id``, each carrying ``advantage``."""
+    """One sample per trained turn of rollout ``rollout_id``, each carrying the rollout's
+    ``reward``, ``group_id`` and the rollout as its episode."""
     tree = load_tree(store, rollout_id)
     samples: list[TrainSample] = []
     untrained: Counter[str] = Counter()
@@ -52,11 +55,12 @@ def rollout_samples(
                     completion_ids=list(turn.completion_ids),
                     sampling_logprobs=lps,
                     temperature=float(turn.sampling_params.get("temperature", 1.0)),
-                    reward=advantage,
+                    reward=reward,
                     policy_version=turn.policy_version,
                     truncated=turn.finish_reason == "length",
                     turn_id=turn.id,
                     group_id=group_id,
+                    episode_id=rollout_id,
                     meta={**meta, "rollout": rollout_id},
                 )
             )
@@ -64,15 +68,16 @@ def rollout_samples(
 
 
 def step_samples(
-    store: Store, advantages: dict[str, float], groups: dict[str, str], harness: dict[str, str]
+    store: Store, rewards: dict[str, float], groups: dict[str, str], harness: dict[str, str]
 ) -> RolloutSamples:
-    """Samples of every rollout with an advantage (``groups``/``harness``: rollout -> key)."""
+    """Samples of every rollout in ``rewards`` (rollout -> reward; ``groups``/``harness``:
+    rollout -> key)."""
     out = RolloutSamples()
     group_ids = {key: i for i, key in enumerate(sorted(set(groups.values())))}
-    for rollout_id, adv in advantages.items():
+    for rollout_id, reward in rewards.items():
         meta = {"harness": harness[rollout_id], "group": groups[rollout_id]}
         samples, untrained = rollout_samples(
-            store, rollout_id, adv, group_ids[groups[rollout_id]], meta
+            store, rollout_id, reward, group_ids[groups[rollout_id]], meta
         )
         out.samples.extend(samples)
         out.untrained.update(untrained)

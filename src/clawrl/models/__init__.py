@@ -15,6 +15,7 @@ Specs understood by :func:`load_policy`:
 for fast tests.
 """
 
+from clawrl.models.identity import tokenizer_fingerprint
 from clawrl.models.loading import (
     EMBEDDED_MODELS,
     Policy,
@@ -33,4 +34,5 @@ __all__ = [
     "load_policy",
     "load_tokenizer",
     "tiny_policy",
+    "tokenizer_fingerprint",
 ]

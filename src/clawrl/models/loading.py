@@ -120,7 +120,7 @@ def _convert_embedded(name: str) -> Path:
             model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
             # The GGUF loader dequantizes to float32 but leaves its quantizer attached, which
             # blocks save_pretrained; the weights are plain tensors, so detach it.
-            model.hf_quantizer = None
+            model.hf_quantizer = None  # type: ignore[assignment]
             if hasattr(model.config, "quantization_config"):
                 del model.config.quantization_config
             model.save_pretrained(tmp, safe_serialization=True)
@@ -193,7 +193,7 @@ def load_policy(
         model = AutoModelForCausalLM.from_pretrained(src, dtype=torch_dtype)
     except OSError as e:
         raise ModelLoadError(f"cannot load model {spec!r} from {src}: {e}") from e
-    model.to(device)
+    model.to(device)  # type: ignore[arg-type]
     model.eval()
     return Policy(model, tok, spec, path, _max_context(model.config))
 

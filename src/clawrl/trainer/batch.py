@@ -29,6 +29,7 @@ class Batch:
     temperature: Tensor  # [B] float
     truncated: Tensor  # [B] bool
     group_ids: Tensor  # [B] long
+    episode_ids: Tensor  # [B] long, equal for samples of one episode (rollout)
 
 
 def collate(samples: list[TrainSample], pad_id: int = 0) -> Batch:
@@ -63,7 +64,18 @@ def collate(samples: list[TrainSample], pad_id: int = 0) -> Batch:
         temperature=torch.tensor([s.temperature for s in samples], dtype=torch.float32),
         truncated=torch.tensor([s.truncated for s in samples]),
         group_ids=torch.tensor([s.group_id for s in samples], dtype=torch.long),
+        episode_ids=torch.tensor(_episode_index(samples), dtype=torch.long),
     )
+
+
+def _episode_index(samples: list[TrainSample]) -> list[int]:
+    """A dense index per distinct episode; a sample without ``episode_id`` is its own."""
+    index: dict[str, int] = {}
+    out = []
+    for i, s in enumerate(samples):
+        key = f"e:{s.episode_id}" if s.episode_id else f"s:{i}"
+        out.append(index.setdefault(key, len(index)))
+    return out
 
 
 def token_logprobs(model: torch.nn.Module, batch: Batch) -> tuple[Tensor, Tensor]:
@@ -92,7 +104,9 @@ def token_logprobs(model: torch.nn.Module, batch: Batch) -> tuple[Tensor, Tensor
     if logits.shape[1] != keep:  # a model that ignores logits_to_keep returns every position
         logits = logits[:, -keep:]
     temp = torch.where(batch.temperature > 0, batch.temperature, torch.ones_like(batch.temperature))
-    x = logits[:, :-1, :].float()
+    x = logits[:, :-1, :]
+    if x.dtype not in (torch.float32, torch.float64):  # bf16 / fp16 logits: softmax in fp32
+        x = x.float()
     if bool((temp != 1).any()):
         x = x / temp[:, None, None]
     # log p(a) = x_a - logsumexp(x): unlike log_softmax, nothing [B, K, vocab] is kept for the

@@ -7,12 +7,15 @@ requests.
 Decision rule for each judged turn (its ``samples`` row records the outcome):
 
 - not ok / not trainable (incomplete stream, error, untrainable ids) -> ``drop/untrainable``;
+- older than ``max_staleness`` versions -> ``drop/stale``;
 - no judgment (all votes abstained, no next state) and no hint -> ``drop/no_judgment`` or
   ``drop/no_next_state``;
-- ``rl``: score 0 -> ``drop/zero_score`` (unless ``train_on_zero``); ``opd``: no hint ->
-  ``drop/no_hint``; ``combine``: trained when it has a non-zero score or a hint;
-- older than ``max_staleness`` versions -> ``drop/stale``;
-- otherwise it becomes a :class:`TrainSample`; every ``batch_size`` samples make one step.
+- it lacks every piece of evidence the method accepts (:attr:`clawrl.config.SampleNeeds.any_of`:
+  ``rl`` a non-zero score, unless ``train_on_zero``; ``opd`` a hint; ``combine`` either) ->
+  ``drop/no_hint`` when only a hint would do, ``drop/zero_score`` for a score of 0, else
+  ``drop/no_judgment``;
+- otherwise it becomes a :class:`TrainSample` carrying what the method uses (the score as
+  reward, the hint's teacher log-probs); every ``batch_size`` samples make one step.
 
 **Where the hint goes (OPD teacher).** The teacher is the policy itself on a hint-enhanced
 prompt: the turn's own messages with ``\\n\\n[Hint: HINT]`` appended to the content of the last
@@ -33,9 +36,11 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from clawrl.chat import ChatMessage, ToolSpec, render_prompt
+from clawrl.config import SampleNeeds, TrainerConfig
+from clawrl.engine import Engine
 from clawrl.errors import ClawrlError
 from clawrl.store import (
     DropReason,
@@ -53,27 +58,6 @@ from clawrl.trainer.types import TrainSample
 log = logging.getLogger(__name__)
 
 HINT_TEMPLATE = "\n\n[Hint: {hint}]"
-
-
-@dataclass(frozen=True)
-class OnlineSettings:
-    """How the online learner picks and batches samples.
-
-    Attributes:
-        method: ``rl`` (Binary RL), ``opd`` (hindsight OPD) or ``combine``.
-        batch_size: samples per optimizer step (OpenClaw-RL: 16).
-        train_on_zero: keep score-0 turns as samples (A = 0: they only add KL and count).
-        teacher: ``policy`` (the current policy, default) or ``base`` (adapter disabled).
-        checkpoint_every: write a checkpoint every N steps (1 = every step).
-        poll_interval_s: seconds between store polls when idle.
-    """
-
-    method: Literal["rl", "opd", "combine"] = "combine"
-    batch_size: int = 16
-    train_on_zero: bool = False
-    teacher: Literal["policy", "base"] = "policy"
-    checkpoint_every: int = 1
-    poll_interval_s: float = 0.5
 
 
 def hinted_messages(messages: list[ChatMessage], hint: str) -> list[ChatMessage]:
@@ -105,29 +89,31 @@ class LearnerState:
 class OnlineLearner:
     """Turns judged turns into training steps and publishes each new version to the engine.
 
+    The method, batch size, staleness and checkpoint cadence are those of the trainer's
+    :class:`clawrl.config.TrainerConfig`.
+
     Args:
         store: the trajectory store (judgments written by the judge worker).
         engine: the serving engine (``score`` for the teacher, ``load_policy`` for versions).
         tokenizer: the policy's tokenizer (renders the hint-enhanced teacher prompt).
         trainer: a :class:`Trainer` holding the trainable copy of the policy.
-        settings: :class:`OnlineSettings`.
         metrics: where step metrics go.
     """
 
     def __init__(
         self,
         store: Store,
-        engine: Any,
+        engine: Engine,
         tokenizer: Any,
         trainer: Trainer,
-        settings: OnlineSettings,
         metrics: MetricsWriter,
     ) -> None:
         self.store = store
         self.engine = engine
         self.tokenizer = tokenizer
         self.trainer = trainer
-        self.settings = settings
+        self.config: TrainerConfig = trainer.config
+        self.needs: SampleNeeds = trainer.method.needs
         self.metrics = metrics
         self.state = LearnerState()
         self._ready: dict[str, TrainSample] = {}
@@ -176,25 +162,27 @@ class OnlineLearner:
         return SampleRecord(turn_id, SampleStatus.DROPPED, reason=str(reason))
 
     def _decide(self, turn: TurnRecord, j: JudgmentRecord) -> DropReason | None:
+        """Why this judged turn is not a sample (``None``: it is one); see the module docstring."""
         if turn.status != TurnStatus.OK or not turn.trainable or not turn.completion_ids:
             return DropReason.UNTRAINABLE
         lag = self.trainer.policy_version - turn.policy_version
-        if lag > self.trainer.settings.max_staleness:
+        if lag > self.config.max_staleness:
             return DropReason.STALE
         has_hint = bool(j.hint)
-        scored = j.score is not None and (j.score != 0 or self.settings.train_on_zero)
         if j.score is None and not has_hint:
             if j.reason == DropReason.NO_NEXT_STATE:
                 return DropReason.NO_NEXT_STATE
             return DropReason.NO_JUDGMENT
-        method = self.settings.method
-        if method == "rl" and not scored:
-            return DropReason.ZERO_SCORE if j.score == 0 else DropReason.NO_JUDGMENT
-        if method == "opd" and not has_hint:
+        offers = {"reward": self._scored(j), "hint": has_hint}
+        if any(offers[e] for e in self.needs.any_of):
+            return None
+        if self.needs.any_of == ("hint",):
             return DropReason.NO_HINT
-        if method == "combine" and not (scored or has_hint):
-            return DropReason.ZERO_SCORE
-        return None
+        return DropReason.ZERO_SCORE if j.score == 0 else DropReason.NO_JUDGMENT
+
+    def _scored(self, j: JudgmentRecord) -> bool:
+        """The judgment has a score the method counts as a reward."""
+        return j.score is not None and (j.score != 0 or self.needs.zero_is_reward)
 
     async def _teacher_logprobs(self, turn: TurnRecord, hint: str) -> list[float]:
         messages = [ChatMessage.model_validate(m) for m in turn.request_messages]
@@ -205,7 +193,7 @@ class OnlineLearner:
             prompt.token_ids,
             turn.completion_ids,
             temperature=temperature,
-            base=self.settings.teacher == "base",
+            base=self.needs.teacher == "base",
         )
 
     async def collect(self) -> int:
@@ -224,27 +212,24 @@ class OnlineLearner:
                 drops.append(self._drop(turn_id, reason))
                 continue
             teacher = None
-            use_hint = bool(j.hint) and self.settings.method in ("opd", "combine")
-            if use_hint:
+            if j.hint and self.needs.uses_hint:
                 try:
-                    teacher = await self._teacher_logprobs(turn, j.hint or "")
+                    teacher = await self._teacher_logprobs(turn, j.hint)
                 except ClawrlError as e:
                     log.warning("teacher scoring failed for %s: %s", turn_id, e)
-                    if self.settings.method == "opd":
+                    if not (self.needs.uses_reward and self._scored(j)):
                         drops.append(self._drop(turn_id, DropReason.TEACHER_FAILED))
                         continue
             reward = None
-            if j.score is not None and self.settings.method in ("rl", "combine"):
+            if j.score is not None and self.needs.uses_reward and self._scored(j):
                 reward = float(j.score)
-            if self.settings.method == "rl" and reward is None:
-                drops.append(self._drop(turn_id, DropReason.NO_JUDGMENT))
-                continue
             self._ready[turn_id] = TrainSample(
                 prompt_ids=turn.prompt_ids,
                 completion_ids=turn.completion_ids,
                 sampling_logprobs=turn.sampling_logprobs,
                 temperature=float(turn.sampling_params.get("temperature", 1.0)),
-                reward=reward if reward is not None else (0.0 if teacher is not None else None),
+                # a hint-only turn of a method that also uses rewards: OPD alone (A = 0·w_rl + OPD)
+                reward=reward if reward is not None or not self.needs.uses_reward else 0.0,
                 teacher_logprobs=teacher,
                 policy_version=turn.policy_version,
                 truncated=turn.finish_reason == "length",
@@ -259,19 +244,19 @@ class OnlineLearner:
 
     async def step_if_ready(self) -> dict[str, float] | None:
         """Train one step when ``batch_size`` samples are ready; returns its metrics."""
-        if len(self._ready) < self.settings.batch_size:
+        if len(self._ready) < self.config.batch_size:
             return None
         if self.step_limit is not None and self.trainer.step >= self.step_limit:
             return None
         async with self._step_lock:
-            turn_ids = list(self._ready)[: self.settings.batch_size]
+            turn_ids = list(self._ready)[: self.config.batch_size]
             samples = [self._ready[t] for t in turn_ids]
             t0 = time.perf_counter()
             metrics = await asyncio.to_thread(self.trainer.train_step, samples)
             version = self.trainer.policy_version + 1
             weights = await asyncio.to_thread(self.trainer.save_weights, version)
             self.trainer.policy_version = version
-            if self.trainer.step % max(1, self.settings.checkpoint_every) == 0:
+            if self.trainer.step % max(1, self.config.checkpoint_every) == 0:
                 await asyncio.to_thread(self.trainer.save_checkpoint, {"turn_ids": turn_ids})
             await asyncio.to_thread(
                 self.store.record_samples,
@@ -317,4 +302,4 @@ class OnlineLearner:
                 stepped = None
             if stepped is None:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), self.settings.poll_interval_s)
+                    await asyncio.wait_for(stop.wait(), self.config.poll_interval_s)

@@ -11,16 +11,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from clawrl.config import TrainerConfig
+from clawrl.engine import Engine
 from clawrl.store import Store
 from clawrl.trainer.judge_worker import JudgeFn, JudgeWorker
 from clawrl.trainer.metrics import MetricsWriter
-from clawrl.trainer.online import OnlineLearner, OnlineSettings
-from clawrl.trainer.trainer import Trainer, TrainerSettings
+from clawrl.trainer.online import OnlineLearner
+from clawrl.trainer.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -47,33 +49,29 @@ class OnlineService:
         policy: the loaded policy (its base weights seed the trainer's copy; its tokenizer
             renders teacher prompts).
         judge: ``async (JudgeInput) -> Judgment``.
-        online: batching and method settings.
-        trainer_settings: optimisation settings.
-        output_dir: policies, checkpoints and metrics go here; a restart with the same
-            directory resumes from the latest checkpoint.
+        config: the method, batching and optimisation settings; policies, checkpoints and
+            metrics go to ``config.output_dir`` (a restart with the same directory resumes from
+            the latest checkpoint).
         judge_timeout_s: most seconds one judgment may take.
     """
 
     def __init__(
         self,
         store: Store,
-        engine: Any,
+        engine: Engine,
         policy: Any,
         judge: JudgeFn,
-        online: OnlineSettings,
-        trainer_settings: TrainerSettings,
-        output_dir: str | Path,
+        config: TrainerConfig,
         *,
         judge_timeout_s: float = 120.0,
     ) -> None:
-        self.output_dir = Path(output_dir)
+        self.output_dir = Path(config.output_dir)
+        self.engine = engine
         self.trainer = Trainer(
-            policy.model, trainer_settings, self.output_dir, policy_version=engine.policy_version
+            policy.model, config, self.output_dir, policy_version=engine.policy_version
         )
         self.metrics = MetricsWriter(self.output_dir)
-        self.learner = OnlineLearner(
-            store, engine, policy.tokenizer, self.trainer, online, self.metrics
-        )
+        self.learner = OnlineLearner(store, engine, policy.tokenizer, self.trainer, self.metrics)
         # the judge keeps its own deadline; the worker's is a guard for judges that do not
         self.worker = JudgeWorker(store, judge, timeout_s=judge_timeout_s + 30.0)
         self._stop = asyncio.Event()
@@ -82,6 +80,25 @@ class OnlineService:
     def resume(self) -> int:
         """Restore the latest checkpoint (if any); returns the policy version served."""
         return self.learner.resume()
+
+    @property
+    def step_limit(self) -> int | None:
+        """No step past this one is taken (``None``: no limit); the demo evaluates at fixed
+        steps by raising it."""
+        return self.learner.step_limit
+
+    @step_limit.setter
+    def step_limit(self, value: int | None) -> None:
+        self.learner.step_limit = value
+
+    def on_step(self, callback: Callable[[dict[str, float]], None] | None) -> None:
+        """Call ``callback`` with each training step's metrics (``clawrl serve`` prints one
+        line per step)."""
+        self.learner.on_step = callback
+
+    def serving_version(self, version: int) -> bool:
+        """Whether the engine serves ``version`` (or newer) yet (swaps are asynchronous)."""
+        return self.engine.policy_version >= version
 
     def start(self) -> None:
         """Start both workers as tasks of the running event loop."""

@@ -3,20 +3,28 @@
 One :meth:`Trainer.train_step` = one optimizer step over a batch of :class:`TrainSample`:
 
 1. drop samples whose policy version lags the trainer's by more than ``max_staleness``
-   (:func:`clawrl.algorithms.drop_stale`);
-2. per micro-batch: recompute the policy's log-probs at each sample's sampling temperature,
-   the reference log-probs (LoRA: the same model with the adapter disabled, so no second model
-   is held in memory; full fine-tuning: a frozen copy), the advantages
-   (:func:`clawrl.algorithms.compute_advantages`) and the loss
-   (:func:`clawrl.algorithms.compute_loss`) with full-batch normalisers, so that gradient
-   accumulation over micro-batches equals one full-batch step;
-3. clip the gradient norm, step AdamW and the warmup schedule.
+   (:func:`clawrl.algorithms.drop_stale`), and check each has what the method needs
+   (:attr:`clawrl.config.TrainedMethod.needs`);
+2. collate the whole batch once and compute the advantages over all of it
+   (:func:`clawrl.algorithms.compute_advantages` with the method's advantage config) — group
+   statistics (GRPO) therefore see every group whole, whatever the micro-batch size — together
+   with the full-batch loss normalisers;
+3. per micro-batch: recompute the policy's log-probs at each sample's sampling temperature and
+   the reference log-probs when the KL penalty is on (LoRA: the same model with the adapter
+   disabled, so no second model is held in memory; full fine-tuning: a frozen copy), slice the
+   micro-batch's rows out of the full-batch advantages, and take the loss
+   (:func:`clawrl.algorithms.compute_loss` with the method's loss config and the full-batch
+   normalisers), so that gradient accumulation over micro-batches equals one full-batch step;
+4. clip the gradient norm, step AdamW and the warmup schedule.
 
 :meth:`Trainer.publish` then saves the weights as policy version v+1 and hands them to the
 engine, which swaps them in between requests.
 
-The OPD advantage uses ``log π_old`` = the engine's sampling log-probs of the same turn (the
-student at sampling time), as in OpenClaw-RL.
+``old_logprobs`` (the policy before this optimizer step) are the trainer's own log-probs without
+gradient: one optimizer step is taken per batch, so the weights do not change between the
+micro-batches of a step. The importance ratios ``old`` / ``tis`` / ``mis`` use them. The OPD
+advantage's ``log π_old`` is the engine's sampling log-probs of the same turn (the student at
+sampling time), as in OpenClaw-RL.
 """
 
 from __future__ import annotations
@@ -29,86 +37,26 @@ import os
 import random
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from clawrl.algorithms import (
     AdvantageInputs,
-    BinaryRLAdvantage,
-    CombinedAdvantage,
-    GRPOAdvantage,
-    KLPenalty,
     LossInputs,
-    OPDAdvantage,
-    PPOClipLoss,
-    PrecomputedAdvantage,
     compute_advantages,
     compute_loss,
     count_normalizers,
     drop_stale,
 )
-from clawrl.errors import TrainerError
-from clawrl.trainer.batch import collate, token_logprobs
+from clawrl.config import TrainedMethod, TrainerConfig
+from clawrl.engine import Engine
+from clawrl.errors import ConfigError, TrainerError
+from clawrl.trainer.batch import Batch, collate, token_logprobs
 from clawrl.trainer.types import TrainSample
 
 log = logging.getLogger(__name__)
-
-Method = Literal["rl", "opd", "combine", "grpo", "precomputed"]
-
-
-@dataclass(frozen=True)
-class TrainerSettings:
-    """Optimisation settings (the CLI fills these from ``clawrl.config.TrainerConfig``).
-
-    Attributes:
-        method: ``rl`` (Binary RL), ``opd`` (hindsight OPD), ``combine`` (both), ``grpo``,
-            ``precomputed`` (each sample's ``reward`` is its advantage; harness mode).
-        lr: AdamW learning rate. weight_decay: AdamW weight decay.
-        grad_clip: max global gradient L2 norm (0 disables).
-        warmup_steps: linear warmup from 0 to ``lr`` over this many optimizer steps.
-        lora_rank / lora_alpha / lora_dropout: LoRA on all linear layers; ignored when
-            ``full_finetune``.
-        micro_batch_size: samples per forward/backward pass (gradient accumulation). The
-            online loop's default is 1 (``clawrl.config``): rows are padded to the longest.
-        max_staleness: K, the most policy versions a sample may lag.
-        kl_beta: β of the k3 KL penalty to the reference policy (0 disables).
-        eps_low / eps_high: asymmetric PPO clip.
-        w_rl / w_opd / opd_clip: the combined advantage's weights and OPD clip.
-    """
-
-    method: Method = "combine"
-    lr: float = 1e-4
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    warmup_steps: int = 0
-    full_finetune: bool = False
-    lora_rank: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.0
-    micro_batch_size: int = 4
-    max_staleness: int = 4
-    kl_beta: float = 0.02
-    eps_low: float = 0.2
-    eps_high: float = 0.28
-    w_rl: float = 1.0
-    w_opd: float = 1.0
-    opd_clip: float | None = None
-    seed: int = 0
-
-
-def advantage_config(s: TrainerSettings) -> Any:
-    """The typed advantage config for a method (no string dispatch in the math)."""
-    table: dict[str, Any] = {
-        "rl": BinaryRLAdvantage(),
-        "opd": OPDAdvantage(clip=s.opd_clip),
-        "combine": CombinedAdvantage(w_rl=s.w_rl, w_opd=s.w_opd, opd_clip=s.opd_clip),
-        "grpo": GRPOAdvantage(),
-        "precomputed": PrecomputedAdvantage(),
-    }
-    return table[s.method]
 
 
 def release_free_memory() -> bool:
@@ -140,7 +88,7 @@ def _malloc_trim() -> Any:
         return None
 
 
-def attach_lora(model: torch.nn.Module, s: TrainerSettings) -> torch.nn.Module:
+def attach_lora(model: torch.nn.Module, s: TrainerConfig) -> torch.nn.Module:
     """Wrap ``model`` with a fresh LoRA adapter on all linear layers (PEFT)."""
     from peft import LoraConfig, get_peft_model
 
@@ -160,53 +108,54 @@ class Trainer:
     Args:
         base_model: the policy's base weights; the trainer deep-copies it, so the engine may
             keep serving the original.
-        settings: see :class:`TrainerSettings`.
-        output_dir: where versions (``policies/vN``) and checkpoints (``checkpoints/``) go.
+        config: the training settings, the method among them (:class:`clawrl.config.TrainerConfig`).
+        output_dir: where versions (``policies/vN``) and checkpoints (``checkpoints/``) go;
+            default ``config.output_dir``.
         policy_version: the version the engine serves now (resume sets it from a checkpoint).
+
+    Raises:
+        ConfigError: the method trains nothing (``off``).
     """
 
     def __init__(
         self,
         base_model: torch.nn.Module,
-        settings: TrainerSettings,
-        output_dir: str | Path,
+        config: TrainerConfig,
+        output_dir: str | Path | None = None,
         *,
         policy_version: int = 0,
     ) -> None:
-        self.settings = settings
-        self.output_dir = Path(output_dir)
+        if not config.method.trains:
+            raise ConfigError("the trainer needs a training method (trainer.method is 'off')")
+        self.config = config
+        self.method: TrainedMethod = config.method  # type: ignore[assignment]
+        self.output_dir = Path(output_dir if output_dir is not None else config.output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        torch.manual_seed(settings.seed)
+        torch.manual_seed(config.seed)
         model = copy.deepcopy(base_model)
         model.train()
         self.ref_model: torch.nn.Module | None = None
-        if settings.full_finetune:
+        if config.full_finetune:
             self.model = model
-            if settings.kl_beta > 0:
+            if self.method.loss.kl.beta > 0:
                 self.ref_model = copy.deepcopy(base_model).eval().requires_grad_(False)
         else:
-            self.model = attach_lora(model, settings)
+            self.model = attach_lora(model, config)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
-            self.params, lr=settings.lr, weight_decay=settings.weight_decay
+            self.params, lr=config.lr, weight_decay=config.weight_decay
         )
-        warm = max(0, settings.warmup_steps)
+        warm = max(0, config.warmup_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: min(1.0, (step + 1) / warm) if warm else 1.0
         )
         self.step = 0
         self.policy_version = policy_version
-        self.loss_config = PPOClipLoss(
-            eps_low=settings.eps_low,
-            eps_high=settings.eps_high,
-            kl=KLPenalty(beta=settings.kl_beta),
-        )
-        self.advantage_config = advantage_config(settings)
 
     # ----------------------------------------------------------------- training
 
-    def _ref_logprobs(self, batch: Any) -> torch.Tensor | None:
-        if self.settings.kl_beta <= 0:
+    def _ref_logprobs(self, batch: Batch) -> torch.Tensor | None:
+        if self.method.loss.kl.beta <= 0:
             return None
         with torch.no_grad():
             if self.ref_model is not None:
@@ -219,48 +168,55 @@ class Trainer:
 
         Raises:
             TrainerError: no sample survives the staleness filter, or a sample lacks what the
-                method needs (a reward for ``rl``, a teacher for ``opd``).
+                method needs (a reward for ``rl``, ``grpo`` and ``precomputed``, a teacher for
+                ``opd``).
         """
         t0 = time.perf_counter()
         stale = drop_stale(
             [s.policy_version for s in samples],
             self.policy_version,
-            max_lag=self.settings.max_staleness,
+            max_lag=self.config.max_staleness,
         )
         kept = [samples[i] for i in stale.kept]
         if not kept:
             raise TrainerError(f"all {len(samples)} samples are stale")
         self._check_method_inputs(kept)
         full = collate(kept)
-        normalizers = count_normalizers(full.loss_mask)
+        loss_config = self.method.loss
+        normalizers = count_normalizers(
+            full.loss_mask, full.truncated, mask_truncated=loss_config.mask_truncated
+        )
+        # Credit once over the whole batch (GRPO groups whole), sliced per micro-batch below.
+        advantages = compute_advantages(
+            self.method.advantage,
+            AdvantageInputs(
+                loss_mask=full.loss_mask,
+                rewards=full.rewards,
+                group_ids=full.group_ids,
+                episode_ids=full.episode_ids,
+                teacher_logprobs=full.teacher_logprobs,
+                old_logprobs=full.sampling_logprobs,
+                has_hint=full.has_hint,
+            ),
+        )
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         totals: dict[str, float] = {}
         total_loss = 0.0
-        mb = max(1, self.settings.micro_batch_size)
+        mb = max(1, self.config.micro_batch_size)
         for start in range(0, len(kept), mb):
             batch = collate(kept[start : start + mb])
+            width = batch.loss_mask.shape[1]  # right padding: a row's positions do not move
             policy_lp, entropy = token_logprobs(self.model, batch)
-            ref_lp = self._ref_logprobs(batch)
-            adv = compute_advantages(
-                self.advantage_config,
-                AdvantageInputs(
-                    loss_mask=batch.loss_mask,
-                    rewards=batch.rewards,
-                    group_ids=batch.group_ids,
-                    teacher_logprobs=batch.teacher_logprobs,
-                    old_logprobs=batch.sampling_logprobs,
-                    has_hint=batch.has_hint,
-                ),
-            )
             out = compute_loss(
-                self.loss_config,
+                loss_config,
                 LossInputs(
                     policy_logprobs=policy_lp,
                     sampling_logprobs=batch.sampling_logprobs,
-                    advantages=adv.advantages,
+                    advantages=advantages.advantages[start : start + mb, :width],
                     loss_mask=batch.loss_mask,
-                    ref_logprobs=ref_lp,
+                    old_logprobs=policy_lp.detach(),
+                    ref_logprobs=self._ref_logprobs(batch),
                     entropy=entropy,
                     truncated=batch.truncated,
                     normalizers=normalizers,
@@ -269,14 +225,16 @@ class Trainer:
             out.loss.backward()
             total_loss += float(out.loss.detach())
             weight = float(batch.loss_mask.sum()) / max(1.0, normalizers.num_tokens)
-            for k, v in {**adv.metrics, **out.metrics}.items():
-                if k.startswith("tokens/"):
+            for k, v in out.metrics.items():
+                if k.startswith("tokens/") or k.startswith("seqs/"):
                     totals[k] = totals.get(k, 0.0) + v
-                else:
+                elif k.startswith("loss/"):
+                    totals[k] = totals.get(k, 0.0) + v  # each micro-batch's share of the loss
+                elif not k.startswith("adv/"):
                     totals[k] = totals.get(k, 0.0) + v * weight
         grad_norm = (
-            float(torch.nn.utils.clip_grad_norm_(self.params, self.settings.grad_clip))
-            if self.settings.grad_clip > 0
+            float(torch.nn.utils.clip_grad_norm_(self.params, self.config.grad_clip))
+            if self.config.grad_clip > 0
             else float(
                 torch.linalg.vector_norm(
                     torch.stack([p.grad.norm() for p in self.params if p.grad is not None])
@@ -292,6 +250,7 @@ class Trainer:
         rewards = [s.reward for s in kept if s.reward is not None]
         metrics = {
             **totals,
+            **advantages.metrics,
             "loss": total_loss,
             "grad/norm": grad_norm,
             "optim/lr": float(self.scheduler.get_last_lr()[0]),
@@ -306,17 +265,18 @@ class Trainer:
         return metrics
 
     def _check_method_inputs(self, samples: list[TrainSample]) -> None:
-        m = self.settings.method
-        if m in ("rl", "grpo", "precomputed") and any(s.reward is None for s in samples):
-            raise TrainerError(f"method {m!r} needs a reward on every sample")
-        if m == "opd" and any(s.teacher_logprobs is None for s in samples):
-            raise TrainerError("method 'opd' needs teacher log-probs (a hint) on every sample")
+        needs = self.method.needs
+        kind = self.method.kind
+        if needs.any_of == ("reward",) and any(s.reward is None for s in samples):
+            raise TrainerError(f"method {kind!r} needs a reward on every sample")
+        if needs.any_of == ("hint",) and any(s.teacher_logprobs is None for s in samples):
+            raise TrainerError(f"method {kind!r} needs teacher log-probs (a hint) on every sample")
 
     # ----------------------------------------------------------------- publishing
 
     def save_weights(self, version: int) -> Path | dict[str, torch.Tensor]:
         """Save the current weights as ``version``: a LoRA adapter dir, or a state dict."""
-        if self.settings.full_finetune:
+        if self.config.full_finetune:
             return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         target = self.output_dir / "policies" / f"v{version}"
         tmp = target.with_name(target.name + ".tmp")
@@ -328,10 +288,11 @@ class Trainer:
         os.replace(tmp, target)
         return target
 
-    def publish(self, engine: Any) -> int:
+    def publish(self, engine: Engine) -> int:
         """Save weights as version v+1 and queue them on ``engine``; returns v+1.
 
-        The engine swaps them in between requests (requests in flight finish on v)."""
+        The engine swaps them in between requests (requests in flight finish on v); the future
+        :meth:`clawrl.engine.Engine.load_policy` returns is not awaited here."""
         version = self.policy_version + 1
         weights = self.save_weights(version)
         engine.load_policy(version, weights)

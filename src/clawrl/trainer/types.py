@@ -22,6 +22,9 @@ class TrainSample:
         truncated: the completion hit its length limit.
         turn_id: the store's turn id (for bookkeeping: a sample is trained once).
         group_id: rollout group (GRPO); 0 for the online loop.
+        episode_id: the episode (rollout) the turn belongs to; GRPO counts each episode once in
+            its group. ``""``: the turn is its own episode.
+        meta: free-form facts carried along (harness name, rollout id).
     """
 
     prompt_ids: list[int]
@@ -34,6 +37,7 @@ class TrainSample:
     truncated: bool = False
     turn_id: str = ""
     group_id: int = 0
+    episode_id: str = ""
     meta: dict[str, object] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

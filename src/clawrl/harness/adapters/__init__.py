@@ -14,7 +14,7 @@ from clawrl.harness.adapters.external import (
 )
 from clawrl.harness.adapters.reference import ReferenceAdapter
 
-ADAPTERS = {
+ADAPTERS: dict[str, type[Adapter]] = {
     "reference": ReferenceAdapter,
     "mini-swe-agent": MiniSweAgentAdapter,
     "claude-code": ClaudeCodeAdapter,

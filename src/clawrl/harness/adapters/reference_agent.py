@@ -32,6 +32,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from typing import Any
 
 SYSTEM = (
     "You are a shell agent in a Linux directory. Reply with one shell command in a ```bash "
@@ -126,11 +127,11 @@ def main() -> int:
     tools = os.environ.get("CLAWRL_TOOLS", "0") == "1"
     messages: list[dict] = [{"role": "system", "content": SYSTEM}]
     if os.environ.get("CLAWRL_FEW_SHOT", "1") == "1":
-        for task, command in EXAMPLES:
+        for task, example in EXAMPLES:
             messages.append({"role": "user", "content": task})
-            messages.append({"role": "assistant", "content": f"```bash\n{command}\n```"})
+            messages.append({"role": "assistant", "content": f"```bash\n{example}\n```"})
     messages.append({"role": "user", "content": os.environ["CLAWRL_INSTRUCTION"]})
-    summary = {"steps": 0, "commands": [], "stop": "step_limit"}
+    summary: dict[str, Any] = {"steps": 0, "commands": [], "stop": "step_limit"}
     for _ in range(steps):
         body = {
             "model": os.environ.get("CLAWRL_MODEL", "policy"),
@@ -149,7 +150,7 @@ def main() -> int:
         summary["steps"] += 1
         message = reply["choices"][0]["message"]
         command, call_id = extract_command(message)
-        assistant = {"role": "assistant", "content": message.get("content") or ""}
+        assistant: dict[str, Any] = {"role": "assistant", "content": message.get("content") or ""}
         if message.get("tool_calls"):
             assistant["tool_calls"] = message["tool_calls"]
         messages.append(assistant)

@@ -41,7 +41,7 @@ import json
 import math
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from clawrl.chat import ChatMessage, render_prompt
 from clawrl.errors import ClawrlError
@@ -57,15 +57,8 @@ from clawrl.judge.types import (
     Vote,
 )
 
-
-class ScoringEngine(Protocol):
-    """What choice scoring needs from an engine (:class:`clawrl.engine.TransformersEngine`)."""
-
-    async def score_batch(
-        self, items: Sequence[tuple[Sequence[int], Sequence[int]]], *, temperature: float = 1.0
-    ) -> list[list[float]]:
-        """Teacher-forced log-probs of each ``(prompt_ids, target_ids)`` pair, one pass."""
-        ...
+if TYPE_CHECKING:
+    from clawrl.engine import Engine
 
 
 _TIE_ORDER = (Score.NEUTRAL, Score.BAD, Score.GOOD)  # earlier wins an exact tie
@@ -128,7 +121,7 @@ class ChoiceBackend:
 
     def __init__(
         self,
-        engine: ScoringEngine,
+        engine: Engine,
         tokenizer: Any,
         *,
         model: str = "",
@@ -217,7 +210,7 @@ class ChoiceBackend:
             layout.append((i, t, list(targets), len(prompts) - 1))
         # Single-token verdicts (every shipped template's, for SmolLM2) need only the next-token
         # distribution: one forward per prompt instead of one per (prompt, verdict).
-        single = all(len(ids) == 1 for _, ids in items) and hasattr(self.engine, "score_next_batch")
+        single = all(len(ids) == 1 for _, ids in items)
         try:
             # Shielded: the engine cannot abort a queued scoring pass, so a judge timeout only
             # stops waiting for it; cancelling the engine's own future would make its thread
@@ -285,15 +278,15 @@ class ChoiceBackend:
         prompt)."""
         out: list[list[float]] = []
         groups: dict[tuple[int, ...], list[int]] = {}
-        for k, c in enumerate(cands):
-            groups.setdefault(tuple(c), []).append(k)
+        for k, cand in enumerate(cands):
+            groups.setdefault(tuple(cand), []).append(k)
         rows: dict[int, list[float]] = {}
         for c, ks in groups.items():
             # identical prompts (votes beyond the role's k templates repeat one) scored once
             unique: dict[tuple[int, ...], int] = {}
             for k in ks:
                 unique.setdefault(tuple(prompts[k]), len(unique))
-            got = await self.engine.score_next_batch([list(p) for p in unique], list(c))  # type: ignore[attr-defined]
+            got = await self.engine.score_next_batch([list(p) for p in unique], list(c))
             rows.update((k, got[unique[tuple(prompts[k])]]) for k in ks)
         for k in range(len(prompts)):
             out.extend([v] for v in rows[k])

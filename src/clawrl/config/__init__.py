@@ -23,10 +23,49 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from clawrl.config.method import (
+    METHOD_KINDS,
+    SHORTHANDS,
+    BinaryRLMethod,
+    CombinedMethod,
+    GRPOMethod,
+    MethodConfig,
+    OffMethod,
+    OPDMethod,
+    PrecomputedMethod,
+    SampleNeeds,
+    TrainedMethod,
+    expand_method,
+)
 from clawrl.errors import ConfigError
 from clawrl.judge.config import JudgeConfig
+
+__all__ = [
+    "METHOD_KINDS",
+    "SHORTHANDS",
+    "BinaryRLMethod",
+    "CombinedMethod",
+    "Config",
+    "EngineConfig",
+    "GRPOMethod",
+    "MethodConfig",
+    "ModelConfig",
+    "OPDMethod",
+    "OffMethod",
+    "PrecomputedMethod",
+    "SampleNeeds",
+    "SamplingConfig",
+    "ServerConfig",
+    "TrainedMethod",
+    "TrainerConfig",
+    "apply_override",
+    "config_to_toml",
+    "error_lines",
+    "expand_method",
+    "load_config",
+]
 
 
 class _Section(BaseModel):
@@ -80,12 +119,14 @@ class ServerConfig(_Section):
 
 
 class TrainerConfig(_Section):
-    """The online loop (``clawrl serve --method ...``): samples, optimisation, versions."""
+    """Training: the method (advantage, loss, what a sample needs), batching, LoRA, optimiser,
+    checkpoints. One object for the online loop (``clawrl serve --method ...``), the demo and
+    harness mode."""
 
-    method: Literal["off", "rl", "opd", "combine"] = Field(
-        "off",
-        description="off: serve and record only; rl: Binary RL; opd: hindsight OPD; "
-        "combine: both (OpenClaw-RL).",
+    method: MethodConfig = Field(
+        default_factory=OffMethod,
+        description="The training method (clawrl.config.method): a shorthand (off, rl, opd, "
+        "combine, grpo, dr_grpo, precomputed) or a table with kind, advantage, loss, ...",
     )
     batch_size: int = Field(16, ge=1, le=4096, description="Samples per optimizer step.")
     micro_batch_size: int = Field(
@@ -99,26 +140,26 @@ class TrainerConfig(_Section):
     )
     lora_rank: int = Field(16, ge=1, le=1024, description="LoRA rank (all linear layers).")
     lora_alpha: int = Field(32, ge=1, le=4096, description="LoRA alpha.")
+    lora_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="LoRA dropout.")
     full_finetune: bool = Field(False, description="Train all weights instead of LoRA.")
-    lr: float = Field(1e-4, gt=0.0, le=1.0, description="AdamW learning rate.")
+    lr: float = Field(1e-4, ge=0.0, le=1.0, description="AdamW learning rate (0: no update).")
     weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW weight decay.")
     grad_clip: float = Field(1.0, ge=0.0, description="Max global grad norm; 0 disables.")
     warmup_steps: int = Field(0, ge=0, description="Linear LR warmup, optimizer steps.")
     max_staleness: int = Field(4, ge=0, description="Most policy versions a sample may lag.")
-    kl_beta: float = Field(0.02, ge=0.0, le=10.0, description="k3 KL penalty to the reference.")
-    eps_low: float = Field(0.2, ge=0.0, le=1.0, description="PPO lower clip.")
-    eps_high: float = Field(0.28, ge=0.0, le=10.0, description="PPO upper clip (clip-higher).")
-    w_rl: float = Field(1.0, ge=0.0, description="Combined advantage: weight of the RL reward.")
-    w_opd: float = Field(1.0, ge=0.0, description="Combined advantage: weight of OPD.")
-    teacher: Literal["policy", "base"] = Field(
-        "policy", description="OPD teacher: the current policy or the frozen base weights."
-    )
-    train_on_zero: bool = Field(False, description="Keep score-0 turns as samples.")
     output_dir: str = Field(
         "runs/online", min_length=1, description="Versions, checkpoints and metrics."
     )
     checkpoint_every: int = Field(1, ge=1, description="Checkpoint every N steps.")
+    poll_interval_s: float = Field(
+        0.5, gt=0.0, le=60.0, description="Seconds between store polls of an idle learner."
+    )
     seed: int = Field(0, ge=0, description="Trainer random seed.")
+
+    @field_validator("method", mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        return expand_method(value)
 
 
 class Config(BaseModel):
@@ -187,13 +228,57 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     try:
         return Config.model_validate(data)
     except ValidationError as e:
-        lines = [f"  {'.'.join(str(x) for x in err['loc'])}: {err['msg']}" for err in e.errors()]
-        raise ConfigError("invalid configuration:\n" + "\n".join(lines)) from e
+        raise ConfigError("invalid configuration:\n" + "\n".join(error_lines(e))) from e
+
+
+def error_lines(error: ValidationError) -> list[str]:
+    """One ``  field.path: message`` line per problem, for a person to read.
+
+    A value of a union without a pydantic discriminator (the ``clawrl.algorithms`` configs
+    embedded in ``trainer.method``, e.g. ``loss.ratio``) is tried against every member, and
+    pydantic reports every member's failure; only the members whose ``kind`` matched the value
+    are kept (all of them if none matched), and the member's class name is left out of the path.
+    """
+    errors = error.errors()
+    member_of: dict[int, tuple[tuple[Any, ...], str]] = {}
+    for n, err in enumerate(errors):
+        loc = tuple(err["loc"])
+        for i, part in enumerate(loc):
+            if isinstance(part, str) and part[:1].isupper():  # a union member's class name
+                member_of[n] = (loc[:i], part)
+                break
+    wrong_kind = {
+        member_of[n]
+        for n, err in enumerate(errors)
+        if n in member_of
+        and err["type"] == "literal_error"
+        and tuple(err["loc"])[len(member_of[n][0]) + 1 :] == ("kind",)
+    }
+    matched_unions = {
+        prefix for prefix, name in member_of.values() if (prefix, name) not in wrong_kind
+    }
+    lines = []
+    for n, err in enumerate(errors):
+        loc = tuple(err["loc"])
+        if n in member_of:
+            prefix, name = member_of[n]
+            if prefix in matched_unions and (prefix, name) in wrong_kind:
+                continue
+            loc = (*prefix, *loc[len(prefix) + 1 :])
+        if "method" in loc:  # drop the discriminator tag pydantic puts after it (method.rl.loss)
+            i = loc.index("method") + 1
+            if i < len(loc) and loc[i] in METHOD_KINDS:
+                loc = loc[:i] + loc[i + 1 :]
+        line = f"  {'.'.join(str(x) for x in loc)}: {err['msg']}"
+        if line not in lines:
+            lines.append(line)
+    return lines
 
 
 def _toml_value(value: Any) -> str:
     if isinstance(value, dict):
-        inner = ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items() if v is not None)
+        items = sorted(value.items(), key=lambda kv: kv[0] != "kind")  # the union tag first
+        inner = ", ".join(f"{k} = {_toml_value(v)}" for k, v in items if v is not None)
         return "{ " + inner + " }"
     return json.dumps(value)
 
@@ -203,7 +288,7 @@ def config_to_toml(config: Config) -> str:
     out: list[str] = []
     for section, model in config:
         out.append(f"[{section}]")
-        for key, value in model.model_dump().items():
+        for key, value in model.model_dump(mode="json").items():
             if value is None:
                 out.append(f"# {key} = (unset)")
             else:

@@ -1,0 +1,169 @@
+"""Training and judge flags shared by ``clawrl serve``, ``clawrl demo`` and ``clawrl harness``.
+
+Every flag is a shorthand for a setting of :class:`clawrl.config.Config` (``--set`` reaches the
+rest, e.g. ``--set 'trainer.method.loss.ratio={kind="tis", cap=2.0}'``); the flags that were given
+are applied over ``--config`` / ``--set``, and the result is validated once.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+from clawrl.config import Config, error_lines, expand_method
+from clawrl.errors import ConfigError
+
+_TRAINER_FLAGS = {
+    "batch_size": "batch_size", "micro_batch_size": "micro_batch_size",
+    "lora_rank": "lora_rank", "lora_alpha": "lora_alpha", "full_finetune": "full_finetune",
+    "lr": "lr", "weight_decay": "weight_decay", "grad_clip": "grad_clip",
+    "warmup_steps": "warmup_steps", "max_staleness": "max_staleness", "output_dir": "output_dir",
+}  # fmt: skip
+"""flag dest -> ``trainer`` field."""
+
+_METHOD_FLAGS: dict[str, tuple[str, ...]] = {
+    "kl_beta": ("loss", "kl", "beta"),
+    "eps_low": ("loss", "eps_low"),
+    "eps_high": ("loss", "eps_high"),
+    "dual_clip": ("loss", "dual_clip"),
+    "mask_truncated": ("loss", "mask_truncated"),
+    "teacher": ("teacher",),
+    "train_on_zero": ("train_on_zero",),
+    "w_rl": ("advantage", "w_rl"),
+    "w_opd": ("advantage", "w_opd"),
+    "opd_clip": ("advantage", "opd_clip"),
+}
+"""flag dest -> path inside ``trainer.method``."""
+
+_KIND_FLAGS = {"ratio": ("loss", "ratio"), "aggregation": ("loss", "aggregation")}
+"""flag dest -> path of a union inside ``trainer.method`` set to ``{kind = VALUE}``."""
+
+
+def add_method_option(
+    g: argparse._ArgumentGroup, choices: Sequence[str], default_help: str
+) -> None:
+    """``--method`` with the given shorthands (:data:`clawrl.config.SHORTHANDS`)."""
+    g.add_argument("--method", choices=list(choices), help=default_help)
+
+
+def add_trainer_options(g: argparse._ArgumentGroup, *, batch_size: bool = True) -> None:
+    """Batching, LoRA, optimiser and loss flags (defaults: ``clawrl.config``); harness mode
+    trains each step on what its rollouts produced, so it takes no ``--batch-size``."""
+    if batch_size:
+        g.add_argument("--batch-size", type=int, help="samples per training step (16)")
+    g.add_argument("--micro-batch-size", type=int, help="samples per forward pass (1)")
+    g.add_argument("--lora-rank", type=int, help="LoRA rank, all linear layers (16)")
+    g.add_argument("--lora-alpha", type=int, help="LoRA alpha (32)")
+    g.add_argument("--full-finetune", action="store_true", default=None,
+                   help="train all weights instead of a LoRA adapter")  # fmt: skip
+    g.add_argument("--lr", type=float, help="AdamW learning rate (1e-4)")
+    g.add_argument("--weight-decay", type=float, help="AdamW weight decay (0)")
+    g.add_argument("--grad-clip", type=float, help="max gradient norm, 0 = off (1.0)")
+    g.add_argument("--warmup-steps", type=int, help="linear LR warmup steps (0)")
+    g.add_argument("--max-staleness", type=int, help="most versions a sample may lag (4)")
+    g.add_argument("--kl-beta", type=float, help="k3 KL penalty to the base weights (0.02)")
+    g.add_argument("--eps-low", type=float, help="PPO lower clip (0.2)")
+    g.add_argument("--eps-high", type=float, help="PPO upper clip, clip-higher (0.28)")
+    g.add_argument("--dual-clip", type=float, help="dual clip c > 1 for A < 0 tokens (off)")
+    g.add_argument("--ratio", choices=["sampling", "old", "tis", "mis"],
+                   help="importance ratio against the engine's log-probs (sampling, default), "
+                   "the trainer's (old), or old with a truncated (tis) / masked (mis) "
+                   "trainer-engine mismatch weight")  # fmt: skip
+    g.add_argument("--aggregation",
+                   choices=["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"],
+                   help="how token losses become one number (token_mean)")  # fmt: skip
+    g.add_argument("--mask-truncated", action="store_true", default=None,
+                   help="leave completions cut at max_tokens out of the loss")  # fmt: skip
+
+
+def add_online_options(p: argparse.ArgumentParser) -> None:
+    """Flags of ``serve --method rl|opd|combine`` (defaults come from the ``trainer`` and
+    ``judge`` config sections)."""
+    g = p.add_argument_group(
+        "online training (OpenClaw-RL)",
+        "With --method rl|opd|combine the server also judges every turn from its next state "
+        "(the user's reply, a tool's output, explicit feedback) and trains the policy every "
+        "--batch-size samples, swapping each new version in between requests. Any other "
+        "setting: --set trainer.method.KEY=VALUE (see clawrl.config.method).",
+    )
+    add_method_option(
+        g,
+        ["off", "rl", "opd", "combine"],
+        "off (default): serve and record only; rl: Binary RL; opd: hindsight OPD; combine: both",
+    )
+    add_trainer_options(g)
+    g.add_argument("--output-dir", help="versions, checkpoints, metrics (runs/online); a "
+                   "restart with the same dir and --store resumes")  # fmt: skip
+    g.add_argument("--teacher", choices=["policy", "base"],
+                   help="OPD teacher: current policy (default) or frozen base weights")  # fmt: skip
+    g.add_argument("--w-rl", type=float, help="combine: weight of the judge reward (1.0)")
+    g.add_argument("--w-opd", type=float, help="combine: weight of the OPD advantage (1.0)")
+    g.add_argument("--opd-clip", type=float, help="clip of the OPD advantage (off)")
+    g.add_argument("--train-on-zero", action="store_true", default=None,
+                   help="rl/combine: train on score-0 turns too")  # fmt: skip
+    add_judge_options(p)
+
+
+def add_judge_options(p: argparse.ArgumentParser) -> None:
+    """The PRM judge's flags."""
+    g = p.add_argument_group("judge")
+    g.add_argument("--judge", choices=["choice", "generative", "openai"],
+                   help="PRM judge backend (choice: calibrated verdict scoring, default)")  # fmt: skip
+    g.add_argument("--judge-votes", type=int, help="votes per judgment, m (3)")
+    g.add_argument("--judge-url", help="OpenAI-compatible judge endpoint (with --judge openai)")
+    g.add_argument("--judge-model", help="judge model name at --judge-url, or a local spec")
+    g.add_argument("--judge-api-key-env", help="env var holding the judge endpoint's key")
+
+
+def _put(node: dict[str, Any], path: Sequence[str], value: Any) -> None:
+    for key in path[:-1]:
+        child = node.get(key)
+        if not isinstance(child, dict):
+            child = node[key] = {}
+        node = child
+    node[path[-1]] = value
+
+
+def apply_flags(cfg: Config, args: argparse.Namespace) -> Config:
+    """Return ``cfg`` with the training and judge flags that were given applied (validated).
+
+    Raises:
+        ConfigError: a flag's value breaks a field's bounds, or a flag does not apply to the
+            method (e.g. ``--teacher`` with ``--method rl``); the message names the setting.
+    """
+    data = cfg.model_dump(mode="json", exclude_none=True)
+    trainer = data["trainer"]
+    if getattr(args, "method", None):
+        trainer["method"] = expand_method(args.method)
+    for flag, key in _TRAINER_FLAGS.items():
+        value = getattr(args, flag, None)
+        if value is not None:
+            trainer[key] = value
+    method = trainer["method"]
+    for flag, path in _METHOD_FLAGS.items():
+        value = getattr(args, flag, None)
+        if value is not None:
+            _put(method, path, value)
+    for flag, path in _KIND_FLAGS.items():
+        value = getattr(args, flag, None)
+        if value is not None:
+            _put(method, path, {"kind": value})
+    judge = data.setdefault("judge", {})
+    if getattr(args, "judge", None):
+        backend: dict[str, Any] = {"kind": args.judge}
+        if args.judge == "openai":
+            backend.update(url=args.judge_url or "", model=args.judge_model or "")
+            if args.judge_api_key_env:
+                backend["api_key_env"] = args.judge_api_key_env
+        judge["backend"] = backend
+    elif getattr(args, "judge_model", None):
+        judge["model"] = args.judge_model
+    if getattr(args, "judge_votes", None):
+        judge["votes"] = args.judge_votes
+    try:
+        return Config.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError("invalid options:\n" + "\n".join(error_lines(e))) from e

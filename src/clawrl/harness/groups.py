@@ -1,0 +1,54 @@
+"""Which rollout groups carry a learning signal; the credit itself is GRPO in the trainer.
+
+A group is the rollouts of one task by one harness in one step. Only rollouts whose verifier gave
+a reward count (verifier and harness errors are dropped with their reason). A group with fewer
+than two rewarded rollouts, or whose rewards are all equal, has zero GRPO advantage everywhere:
+it is left out of the step and counted (``group/skipped_too_small``,
+``group/skipped_zero_variance``; DAPO's dynamic sampling filter). The rest go to the trainer as
+samples carrying their rollout's reward, group and episode (the rollout id), and the trainer's
+:class:`~clawrl.config.GRPOMethod` computes ``A_i = (r_i - mean_g r) / (std_g r + eps)`` over the
+*rollouts* of each group (:func:`clawrl.algorithms.grpo_advantages` with ``episode_ids``: a
+rollout counts once, however many turns it trains), or ``r_i - mean_g r`` for Dr. GRPO.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class GroupSelection:
+    """The rollouts of groups with signal, and counts of the groups left out.
+
+    Attributes:
+        kept: rollout id -> its reward, for rollouts of groups with signal.
+        skipped_zero_variance: groups whose rewards were all equal.
+        skipped_too_small: groups with fewer than two rewarded rollouts.
+        group_means: group key -> mean reward (every group with a reward).
+    """
+
+    kept: dict[str, float] = field(default_factory=dict)
+    skipped_zero_variance: int = 0
+    skipped_too_small: int = 0
+    group_means: dict[str, float] = field(default_factory=dict)
+
+
+def select_groups(rewards: Sequence[tuple[str, str, float]]) -> GroupSelection:
+    """Group ``(rollout_id, group_key, reward)`` triples and keep the groups with signal."""
+    groups: dict[str, list[tuple[str, float]]] = {}
+    for rollout_id, key, reward in rewards:
+        groups.setdefault(key, []).append((rollout_id, reward))
+    kept: dict[str, float] = {}
+    means: dict[str, float] = {}
+    zero = small = 0
+    for key, members in groups.items():
+        values = [r for _, r in members]
+        means[key] = sum(values) / len(values)
+        if len(members) < 2:
+            small += 1
+        elif max(values) == min(values):
+            zero += 1
+        else:
+            kept.update(members)
+    return GroupSelection(kept, zero, small, means)

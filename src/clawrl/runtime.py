@@ -1,0 +1,237 @@
+"""The composition root: engine, store, judge, online learner and gateway app from one config.
+
+``clawrl serve``, ``clawrl demo`` and harness mode build what they run here, and nowhere else::
+
+    runtime = build_runtime(load_config(...))          # policy, engine, store, app (+ online loop)
+    runtime.resume()                                    # the latest checkpoint, if any
+    with runtime.serve() as server:                     # a live gateway on 127.0.0.1:PORT
+        ...
+    runtime.close()                                     # engines and store
+
+What is built, from :class:`clawrl.config.Config`:
+
+* the policy (``model``), its engine (``engine.backend``: the in-process transformers engine);
+* the trajectory store (``server.store``, or the one passed in);
+* with a training method (``trainer.method`` other than ``off``) and ``online=True``: the judge
+  (``judge``; a local backend gets its own engine over a separate copy of the judge model, so
+  training never changes the judge) and the online loop (:class:`~clawrl.trainer.service.
+  OnlineService`: judge worker + learner), run by the app's lifespan; with ``online=False``
+  (harness mode): a :class:`~clawrl.trainer.Trainer` the caller steps itself;
+* the gateway app (:func:`clawrl.gateway.create_app`) over all of it.
+
+The runtime owns what it built (engines, store) and closes it; what the caller passed in
+(a policy, a store, a judge) stays the caller's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from clawrl.config import Config
+from clawrl.engine import Engine
+from clawrl.store import Store
+from clawrl.trainer.judge_worker import JudgeFn
+
+if TYPE_CHECKING:
+    from clawrl.gateway.server import LiveServer
+    from clawrl.trainer import Trainer
+    from clawrl.trainer.service import OnlineService
+
+ENGINE_BACKENDS: dict[str, Callable[[Any, Config], Engine]] = {}
+"""``engine.backend`` -> a factory ``(policy, config) -> Engine``."""
+
+
+def _transformers_engine(policy: Any, config: Config) -> Engine:
+    from clawrl.engine import TransformersEngine
+
+    kwargs: dict[str, Any] = {"max_batch": config.engine.max_batch}
+    if config.engine.max_context is not None:
+        kwargs["max_context"] = config.engine.max_context
+    return TransformersEngine.from_policy(policy, **kwargs)
+
+
+ENGINE_BACKENDS["transformers"] = _transformers_engine
+
+
+def build_engine(policy: Any, config: Config) -> Engine:
+    """The serving engine ``config.engine.backend`` names, over ``policy``."""
+    return ENGINE_BACKENDS[config.engine.backend](policy, config)
+
+
+@dataclass
+class JudgeBundle:
+    """A judge and the engine it owns.
+
+    Attributes:
+        judge: ``async (JudgeInput) -> Judgment``.
+        engine: the judge's own local engine (``None`` for an endpoint judge or a test judge);
+            closed by :meth:`close`.
+        description: ``backend xm`` for console lines.
+    """
+
+    judge: JudgeFn
+    engine: Engine | None = None
+    description: str = ""
+
+    def close(self) -> None:
+        """Close the judge's engine, if it has one."""
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+
+
+def build_judge(config: Config) -> JudgeBundle:
+    """The PRM judge of ``config.judge``.
+
+    A local backend (choice, generative) runs on its own engine over a separate copy of the
+    judge model (``judge.model``, default the policy's base weights); an ``openai`` backend
+    talks to its endpoint.
+
+    Raises:
+        JudgeError: a backend that cannot be built (no API key, ...).
+        ModelError: the judge model cannot be loaded.
+    """
+    from clawrl.judge import Judge
+    from clawrl.judge.backends import build_backend
+    from clawrl.judge.config import OpenAIJudgeConfig
+    from clawrl.models import load_policy
+
+    jc = config.judge
+    engine: Engine | None = None
+    tokenizer = None
+    name = ""
+    if not isinstance(jc.backend, OpenAIJudgeConfig):
+        spec = jc.model or config.model.spec
+        judge_policy = load_policy(spec, dtype=config.model.dtype, device=config.model.device)
+        engine = build_engine(judge_policy, config)
+        tokenizer, name = judge_policy.tokenizer, spec
+    backend = build_backend(jc.backend, engine=engine, tokenizer=tokenizer, model=name)
+    judge = Judge(backend, votes=jc.votes, timeout_s=jc.timeout_s, hint_quorum=jc.hint_quorum)
+    return JudgeBundle(judge.judge, engine, f"{jc.backend.kind} x{jc.votes}")
+
+
+@dataclass
+class Runtime:
+    """Everything one gateway process runs, built by :func:`build_runtime`.
+
+    Attributes:
+        config: what it was built from.
+        policy: the loaded policy (tokenizer, base weights).
+        engine: the serving engine.
+        store: the trajectory store.
+        app: the gateway ASGI app (its lifespan runs the online loop when there is one).
+        model_name: the served model name.
+        service: the online loop (judge worker + learner), or ``None``.
+        trainer: harness mode's trainer (``online=False`` with a training method), or ``None``.
+        judge: the judge the online loop uses, or ``None``.
+    """
+
+    config: Config
+    policy: Any
+    engine: Engine
+    store: Store
+    app: Any
+    model_name: str
+    service: OnlineService | None = None
+    trainer: Trainer | None = None
+    judge: JudgeBundle | None = None
+    _owned: list[Callable[[], None]] = field(default_factory=list, repr=False)
+
+    def resume(self) -> int:
+        """Restore the online loop's latest checkpoint (if any): the policy version served."""
+        return self.service.resume() if self.service is not None else self.engine.policy_version
+
+    def serve(self, host: str = "127.0.0.1", port: int = 0) -> LiveServer:
+        """A started :class:`clawrl.gateway.server.LiveServer` for the app (online loop on)."""
+        from clawrl.gateway.server import LiveServer
+
+        return LiveServer(
+            self.app, host=host, port=port, lifespan="on" if self.service is not None else "off"
+        ).start()
+
+    def close(self) -> None:
+        """Close what the runtime built (engines, store), last built first; idempotent."""
+        while self._owned:
+            closer = self._owned.pop()
+            with contextlib.suppress(Exception):
+                closer()
+
+
+def build_runtime(
+    config: Config,
+    *,
+    policy: Any = None,
+    store: Store | str | Path | None = None,
+    judge: JudgeBundle | None = None,
+    model_name: str | None = None,
+    api_key: str | None = None,
+    online: bool = True,
+) -> Runtime:
+    """Build a :class:`Runtime` from ``config`` (see the module docstring).
+
+    Args:
+        config: all settings.
+        policy: an already loaded policy (tests, the demo); default: ``config.model``.
+        store: a store, or its path; default ``config.server.store``. A store passed in is not
+            closed by the runtime.
+        judge: the judge to use (the demo shares one between methods); default: built from
+            ``config.judge`` when the online loop needs one, and then owned by the runtime.
+        model_name: the served name; default: the model spec (a directory's name).
+        api_key: the bearer key every route but ``/healthz`` requires (``None``: no auth).
+        online: with a training method, run the online loop (True) or give the caller a
+            trainer to step (False, harness mode).
+
+    Raises:
+        ConfigError, ModelError, JudgeError, StoreError: a part cannot be built (whatever was
+            built before it is closed).
+    """
+    from clawrl.gateway import create_app
+    from clawrl.models import load_policy
+
+    spec = config.model.spec
+    owned: list[Callable[[], None]] = []
+    try:
+        if policy is None:
+            policy = load_policy(spec, dtype=config.model.dtype, device=config.model.device)
+        engine = build_engine(policy, config)
+        owned.append(engine.close)
+        if not isinstance(store, Store):
+            store = Store(store if store is not None else config.server.store)
+            owned.append(store.close)
+        service: OnlineService | None = None
+        trainer: Trainer | None = None
+        method = config.trainer.method
+        if method.trains and online:
+            from clawrl.trainer.service import OnlineService
+
+            if judge is None:
+                judge = build_judge(config)
+                owned.append(judge.close)
+            service = OnlineService(
+                store, engine, policy, judge.judge, config.trainer,
+                judge_timeout_s=config.judge.timeout_s,
+            )  # fmt: skip
+        elif method.trains:
+            from clawrl.trainer import Trainer
+
+            trainer = Trainer(policy.model, config.trainer, policy_version=engine.policy_version)
+        name = model_name or (Path(spec).name if Path(spec).is_dir() else spec)
+        app = create_app(
+            engine, policy.tokenizer, store, model_name=name, api_key=api_key,
+            defaults=config.sampling,
+            lifespan=service.lifespan if service is not None else None,
+        )  # fmt: skip
+    except BaseException:
+        for closer in reversed(owned):
+            with contextlib.suppress(Exception):
+                closer()
+        raise
+    return Runtime(
+        config=config, policy=policy, engine=engine, store=store, app=app, model_name=name,
+        service=service, trainer=trainer, judge=judge if service is not None else None,
+        _owned=owned,
+    )  # fmt: skip

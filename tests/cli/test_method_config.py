@@ -1,0 +1,133 @@
+"""The method spine: one typed ``trainer.method``, reachable from TOML, ``--set`` and flags."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from clawrl.algorithms import (
+    CombinedAdvantage,
+    GRPOAdvantage,
+    KLEstimator,
+    MaskedIS,
+    OldRatio,
+    SequenceMeanTokenSumNorm,
+    TruncatedIS,
+)
+from clawrl.cli.options import add_online_options, apply_flags
+from clawrl.config import (
+    BinaryRLMethod,
+    CombinedMethod,
+    GRPOMethod,
+    OffMethod,
+    OPDMethod,
+    config_to_toml,
+    load_config,
+)
+from clawrl.errors import ConfigError
+
+
+@pytest.mark.parametrize(
+    ("shorthand", "cls"),
+    [("off", OffMethod), ("rl", BinaryRLMethod), ("opd", OPDMethod),
+     ("combine", CombinedMethod), ("grpo", GRPOMethod)],
+)  # fmt: skip
+def test_shorthands_keep_working(shorthand, cls):
+    cfg = load_config(None, [f'trainer.method="{shorthand}"'])
+    assert type(cfg.trainer.method) is cls and cfg.trainer.method.kind == shorthand
+
+
+def test_default_is_off_and_trains_nothing():
+    method = load_config().trainer.method
+    assert isinstance(method, OffMethod) and not method.trains and method.needs.any_of == ()
+
+
+def test_dr_grpo_is_grpo_without_the_std():
+    for name in ("dr_grpo", "ppo"):
+        method = load_config(None, [f'trainer.method="{name}"']).trainer.method
+        assert method.advantage == GRPOAdvantage(normalize_std=False)
+
+
+def test_every_loss_and_correction_option_from_toml(tmp_path):
+    f = tmp_path / "m.toml"
+    f.write_text(
+        "[trainer.method]\n"
+        'kind = "combine"\n'
+        'teacher = "base"\n'
+        "train_on_zero = true\n"
+        "advantage = { w_rl = 0.5, w_opd = 2.0, opd_clip = 3.0 }\n"
+        "loss = { eps_low = 0.1, eps_high = 0.3, dual_clip = 3.0, mask_truncated = true, "
+        'ratio = { kind = "tis", cap = 1.5 }, kl = { beta = 0.05, estimator = "k2" }, '
+        'aggregation = { kind = "seq_mean_token_sum_norm", max_tokens = 512 } }\n'
+    )
+    method = load_config(f).trainer.method
+    assert isinstance(method, CombinedMethod)
+    assert method.teacher == "base" and method.train_on_zero
+    assert method.advantage == CombinedAdvantage(w_rl=0.5, w_opd=2.0, opd_clip=3.0)
+    loss = method.loss
+    assert (loss.eps_low, loss.eps_high, loss.dual_clip, loss.mask_truncated) == (
+        0.1, 0.3, 3.0, True,
+    )  # fmt: skip
+    assert loss.ratio == TruncatedIS(cap=1.5)
+    assert loss.kl.beta == 0.05 and loss.kl.estimator is KLEstimator.K2
+    assert loss.aggregation == SequenceMeanTokenSumNorm(max_tokens=512)
+    needs = method.needs
+    assert needs.any_of == ("reward", "hint") and needs.teacher == "base"
+    assert needs.zero_is_reward
+
+
+def test_the_config_round_trips_through_toml(tmp_path):
+    cfg = load_config(None, ['trainer.method={kind="rl", loss={ratio={kind="mis", low=0.4}}}'])
+    f = tmp_path / "c.toml"
+    f.write_text(config_to_toml(cfg))
+    assert load_config(f) == cfg
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        ('trainer.method="nope"', "unknown method 'nope'"),
+        ('trainer.method={kind="rl", loss={ratio={kind="tis", capp=2.0}}}',
+         "trainer.method.loss.ratio.capp"),
+        ('trainer.method={kind="rl", loss={eps_low=3}}', "trainer.method.loss: .*eps_low"),
+        ('trainer.method={kind="opd", teacher="x"}', "trainer.method.teacher"),
+        ('trainer.method={kind="rl", teacher="base"}', "trainer.method.teacher"),
+        ('trainer.method={kind="off", loss={}}', "trainer.method.loss"),
+    ],
+)  # fmt: skip
+def test_a_malformed_method_names_the_field(override, needle):
+    with pytest.raises(ConfigError, match=needle):
+        load_config(None, [override])
+
+
+def _serve_args(argv):
+    p = argparse.ArgumentParser()
+    add_online_options(p)
+    return p.parse_args(argv)
+
+
+def test_cli_flags_reach_the_method():
+    cfg = apply_flags(
+        load_config(),
+        _serve_args(["--method", "opd", "--kl-beta", "0", "--ratio", "old", "--eps-high", "0.4",
+                     "--teacher", "base", "--batch-size", "8", "--aggregation",
+                     "seq_mean_token_mean"]),
+    )  # fmt: skip
+    method = cfg.trainer.method
+    assert isinstance(method, OPDMethod) and method.teacher == "base"
+    assert method.loss.kl.beta == 0.0 and method.loss.ratio == OldRatio()
+    assert method.loss.eps_high == 0.4 and cfg.trainer.batch_size == 8
+    assert method.loss.aggregation.kind == "seq_mean_token_mean"
+
+
+def test_flags_apply_over_a_method_table_from_set():
+    cfg = load_config(None, ['trainer.method={kind="rl", loss={ratio={kind="mis", high=3.0}}}'])
+    out = apply_flags(cfg, _serve_args(["--kl-beta", "0.1"]))
+    assert out.trainer.method.loss.ratio == MaskedIS(high=3.0)
+    assert out.trainer.method.loss.kl.beta == 0.1
+
+
+def test_a_flag_that_does_not_apply_to_the_method_is_refused():
+    with pytest.raises(ConfigError, match=r"trainer\.method\.teacher"):
+        apply_flags(load_config(), _serve_args(["--method", "rl", "--teacher", "base"]))
