@@ -15,7 +15,8 @@ from clawrl.algorithms import (
     SequenceMeanTokenSumNorm,
     TruncatedIS,
 )
-from clawrl.cli.options import add_online_options, apply_flags
+from clawrl.cli.common import add_config_options
+from clawrl.cli.options import add_online_options, config_with_flags
 from clawrl.config import (
     BinaryRLMethod,
     CombinedMethod,
@@ -104,30 +105,61 @@ def test_a_malformed_method_names_the_field(override, needle):
 def _serve_args(argv):
     p = argparse.ArgumentParser()
     add_online_options(p)
+    add_config_options(p)
     return p.parse_args(argv)
 
 
 def test_cli_flags_reach_the_method():
-    cfg = apply_flags(
-        load_config(),
+    cfg = config_with_flags(
         _serve_args(["--method", "opd", "--kl-beta", "0", "--ratio", "old", "--eps-high", "0.4",
                      "--teacher", "base", "--batch-size", "8", "--aggregation",
-                     "seq_mean_token_mean"]),
+                     "seq_mean_token_mean", "--opd-clip", "2"]),
     )  # fmt: skip
     method = cfg.trainer.method
     assert isinstance(method, OPDMethod) and method.teacher == "base"
     assert method.loss.kl.beta == 0.0 and method.loss.ratio == OldRatio()
     assert method.loss.eps_high == 0.4 and cfg.trainer.batch_size == 8
     assert method.loss.aggregation.kind == "seq_mean_token_mean"
+    assert method.advantage.clip == 2.0
+    combine = config_with_flags(_serve_args(["--method", "combine", "--opd-clip", "2"]))
+    assert combine.trainer.method.advantage.opd_clip == 2.0
 
 
-def test_flags_apply_over_a_method_table_from_set():
-    cfg = load_config(None, ['trainer.method={kind="rl", loss={ratio={kind="mis", high=3.0}}}'])
-    out = apply_flags(cfg, _serve_args(["--kl-beta", "0.1"]))
-    assert out.trainer.method.loss.ratio == MaskedIS(high=3.0)
-    assert out.trainer.method.loss.kl.beta == 0.1
+def test_method_flag_keeps_the_settings_of_the_same_kind():
+    """--method rl with --set settings of an rl table keeps them (and a dotted --set works)."""
+    set_table = (
+        'trainer.method={kind="rl", train_on_zero=true, loss={ratio={kind="mis", high=3.0}}}'
+    )
+    cfg = config_with_flags(_serve_args(["--method", "rl", "--set", set_table, "--kl-beta", "0.1"]))
+    method = cfg.trainer.method
+    assert method.train_on_zero and method.loss.ratio == MaskedIS(high=3.0)
+    assert method.loss.kl.beta == 0.1
+    dotted = config_with_flags(
+        _serve_args(["--method", "rl", "--set", "trainer.method.loss.kl.beta=0"])
+    )
+    assert isinstance(dotted.trainer.method, BinaryRLMethod)
+    assert dotted.trainer.method.loss.kl.beta == 0.0
+
+
+def test_harness_default_method_keeps_set_settings():
+    args = _serve_args(["--set", "trainer.method.advantage.normalize_std=false",
+                        "--set", "trainer.method.loss.kl.beta=0"])  # fmt: skip
+    cfg = config_with_flags(args, default_method="grpo")
+    method = cfg.trainer.method
+    assert isinstance(method, GRPOMethod) and not method.advantage.normalize_std
+    assert method.loss.kl.beta == 0.0
+
+
+def test_method_flag_contradicting_the_settings_is_refused():
+    with pytest.raises(ConfigError, match="contradicts"):
+        config_with_flags(_serve_args(["--method", "rl", "--set", 'trainer.method="opd"']))
+
+
+def test_a_method_table_without_kind_is_refused_clearly():
+    with pytest.raises(ConfigError, match="needs a kind"):
+        load_config(None, ["trainer.method.loss.kl.beta=0"])
 
 
 def test_a_flag_that_does_not_apply_to_the_method_is_refused():
     with pytest.raises(ConfigError, match=r"trainer\.method\.teacher"):
-        apply_flags(load_config(), _serve_args(["--method", "rl", "--teacher", "base"]))
+        config_with_flags(_serve_args(["--method", "rl", "--teacher", "base"]))

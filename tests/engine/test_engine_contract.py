@@ -181,14 +181,18 @@ def test_cancelling_a_stream_frees_the_request(case):
     prompt = _prompt(case)
 
     async def go():
+        before = engine.stats.generated_tokens
         stream = engine.generate_stream(prompt, SamplingParams(max_tokens=50, ignore_eos=True))
         await stream.__anext__()
         await stream.aclose()  # the client went away
-        await asyncio.sleep(0.2)
-        return await engine.generate(prompt, SamplingParams(max_tokens=3, ignore_eos=True))
+        await asyncio.sleep(0.5)
+        after = await engine.generate(prompt, SamplingParams(max_tokens=3, ignore_eos=True))
+        return after, engine.stats.generated_tokens - before
 
-    after = run(go())
+    after, sampled = run(go())
     assert len(after.token_ids) == 3  # the engine keeps serving
+    # the abandoned request stopped within a few decode steps, far from its 50 tokens
+    assert sampled <= 1 + 3 + 8, sampled
     deadline = time.monotonic() + 5
     while engine.stats.batch_size and time.monotonic() < deadline:  # gauges update per step
         time.sleep(0.05)

@@ -26,7 +26,10 @@ def test_chat_subagent_is_linked_to_its_parent(scripted_server):
         model="tiny",
         max_tokens=20,
         messages=[{"role": "user", "content": "Look around."}],
-        extra_headers={"x-claude-code-agent-id": "agent-7", "x-claude-code-parent-agent-id": "main"},
+        extra_headers={
+            "x-claude-code-agent-id": "agent-7",
+            "x-claude-code-parent-agent-id": "main",
+        },
     )
     main, sub = sorted(served.turns(), key=lambda t: t.created_at)
     assert sub.session_id == main.session_id == "main-s"
@@ -46,6 +49,24 @@ def test_a_failed_choice_leaves_no_trainable_sibling(scripted_server):
     by_index = {t.choice_index: t for t in served.turns()}
     assert by_index[1].status == TurnStatus.ERROR and not by_index[1].trainable
     assert by_index[0].status == TurnStatus.INCOMPLETE and not by_index[0].trainable
+
+
+def test_a_stream_that_fails_after_a_choice_finished_leaves_it_untrainable(scripted_server):
+    """n = 2 streamed, the second choice fails mid-stream after the first finished: the stream
+    ends with an error event (clients drop the call), so the finished one is not trainable."""
+    served = scripted_server(["Done.", "A much longer second answer that fails."])
+    served.engine.fail_after_tokens = 5
+    with httpx.stream(
+        "POST",
+        f"{served.url}/v1/chat/completions",
+        json={"model": "tiny", "n": 2, "stream": True,
+              "messages": [{"role": "user", "content": "hi"}]},
+    ) as r:  # fmt: skip
+        body = r.read().decode()
+    assert '"error"' in body and "[DONE]" not in body
+    turns = served.turns()
+    assert len(turns) == 2 and not any(t.trainable for t in turns)
+    assert {t.status for t in turns} == {TurnStatus.ERROR, TurnStatus.INCOMPLETE}
 
 
 def test_a_response_that_cannot_be_built_is_recorded_as_an_error(scripted_server, monkeypatch):

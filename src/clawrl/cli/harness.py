@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from clawrl.cli.common import add_config_options, config_from_args
-from clawrl.cli.options import add_method_option, add_trainer_options, apply_flags
+from clawrl.cli.common import add_config_options
+from clawrl.cli.options import add_method_option, add_trainer_options, config_with_flags
 from clawrl.errors import ConfigError
 
 EPILOG = """\
@@ -143,12 +143,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     from clawrl.runtime import build_runtime
     from clawrl.trainer.metrics import MetricsWriter
 
-    args.method = args.method or "grpo"
     tasks = _tasks(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    cfg = apply_flags(config_from_args(args), args)
+    cfg = config_with_flags(args, default_method="grpo")
     cfg = cfg.model_copy(
         update={"trainer": cfg.trainer.model_copy(update={"output_dir": str(out)})}
     )

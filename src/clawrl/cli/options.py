@@ -11,9 +11,7 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic import ValidationError
-
-from clawrl.config import Config, error_lines, expand_method
+from clawrl.config import SHORTHANDS, Config, load_raw, merge_method, validate_config
 from clawrl.errors import ConfigError
 
 _TRAINER_FLAGS = {
@@ -24,7 +22,7 @@ _TRAINER_FLAGS = {
 }  # fmt: skip
 """flag dest -> ``trainer`` field."""
 
-_METHOD_FLAGS: dict[str, tuple[str, ...]] = {
+_METHOD_FLAGS: dict[str, tuple[str, ...] | dict[str, tuple[str, ...]]] = {
     "kl_beta": ("loss", "kl", "beta"),
     "eps_low": ("loss", "eps_low"),
     "eps_high": ("loss", "eps_high"),
@@ -34,9 +32,9 @@ _METHOD_FLAGS: dict[str, tuple[str, ...]] = {
     "train_on_zero": ("train_on_zero",),
     "w_rl": ("advantage", "w_rl"),
     "w_opd": ("advantage", "w_opd"),
-    "opd_clip": ("advantage", "opd_clip"),
+    "opd_clip": {"opd": ("advantage", "clip"), "combine": ("advantage", "opd_clip")},
 }
-"""flag dest -> path inside ``trainer.method``."""
+"""flag dest -> path inside ``trainer.method`` (or, per method kind, a path each)."""
 
 _KIND_FLAGS = {"ratio": ("loss", "ratio"), "aggregation": ("loss", "aggregation")}
 """flag dest -> path of a union inside ``trainer.method`` set to ``{kind = VALUE}``."""
@@ -127,29 +125,69 @@ def _put(node: dict[str, Any], path: Sequence[str], value: Any) -> None:
     node[path[-1]] = value
 
 
-def apply_flags(cfg: Config, args: argparse.Namespace) -> Config:
-    """Return ``cfg`` with the training and judge flags that were given applied (validated).
+def config_with_flags(args: argparse.Namespace, *, default_method: str | None = None) -> Config:
+    """``--config`` and ``--set``, then the training and judge flags that were given, validated
+    once (so a flag and a ``--set`` of the same method table combine).
+
+    Args:
+        args: the parsed command line (``config``, ``overrides`` and any flags of this module).
+        default_method: the method shorthand when neither ``--method`` nor the settings name a
+            kind (harness mode: ``grpo``).
 
     Raises:
-        ConfigError: a flag's value breaks a field's bounds, or a flag does not apply to the
-            method (e.g. ``--teacher`` with ``--method rl``); the message names the setting.
+        ConfigError: a malformed file or value, a flag that does not apply to the method (e.g.
+            ``--teacher`` with ``--method rl``), or ``--method`` naming another kind than the
+            settings; the message names the setting.
     """
-    data = cfg.model_dump(mode="json", exclude_none=True)
-    trainer = data["trainer"]
-    if getattr(args, "method", None):
-        trainer["method"] = expand_method(args.method)
+    data = load_raw(getattr(args, "config", None), getattr(args, "overrides", None))
+    apply_flags(data, args, default_method=default_method)
+    return validate_config(data)
+
+
+def apply_flags(
+    data: dict[str, Any], args: argparse.Namespace, *, default_method: str | None = None
+) -> None:
+    """Merge the flags that were given into raw settings ``data`` (in place, not validated).
+
+    Raises:
+        ConfigError: ``--method`` contradicts the settings' method kind, or is unknown.
+    """
+    trainer = data.setdefault("trainer", {})
+    if not isinstance(trainer, dict):
+        raise ConfigError("trainer must be a table of settings")
+    shorthand = getattr(args, "method", None)
+    current = trainer.get("method")
+    kindless = current is None or (isinstance(current, dict) and "kind" not in current)
+    if shorthand is None and default_method is not None and kindless:
+        shorthand = default_method
+    if shorthand is not None:
+        try:
+            trainer["method"] = merge_method(current, shorthand)
+        except ValueError as e:
+            raise ConfigError(str(e)) from e
     for flag, key in _TRAINER_FLAGS.items():
         value = getattr(args, flag, None)
         if value is not None:
             trainer[key] = value
-    method = trainer["method"]
-    for flag, path in _METHOD_FLAGS.items():
+    method = trainer.get("method")
+    if isinstance(method, str) and method in SHORTHANDS:  # a shorthand from --config / --set
+        method = trainer["method"] = merge_method(None, method)
+    kind = method.get("kind") if isinstance(method, dict) else None
+    for flag, where in _METHOD_FLAGS.items():
         value = getattr(args, flag, None)
-        if value is not None:
-            _put(method, path, value)
+        if value is None:
+            continue
+        path = (
+            where.get(kind or "", next(iter(where.values()))) if isinstance(where, dict) else where
+        )
+        if not isinstance(method, dict):
+            method = trainer["method"] = {}
+        _put(method, path, value)
     for flag, path in _KIND_FLAGS.items():
         value = getattr(args, flag, None)
         if value is not None:
+            if not isinstance(method, dict):
+                method = trainer["method"] = {}
             _put(method, path, {"kind": value})
     judge = data.setdefault("judge", {})
     if getattr(args, "judge", None):
@@ -163,7 +201,3 @@ def apply_flags(cfg: Config, args: argparse.Namespace) -> Config:
         judge["model"] = args.judge_model
     if getattr(args, "judge_votes", None):
         judge["votes"] = args.judge_votes
-    try:
-        return Config.model_validate(data)
-    except ValidationError as e:
-        raise ConfigError("invalid options:\n" + "\n".join(error_lines(e))) from e

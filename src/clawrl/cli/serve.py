@@ -10,8 +10,8 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 
-from clawrl.cli.common import add_config_options, config_from_args, quiet_transformers
-from clawrl.cli.options import add_online_options, apply_flags
+from clawrl.cli.common import add_config_options, quiet_transformers
+from clawrl.cli.options import add_online_options, config_with_flags
 from clawrl.errors import ConfigError
 
 API_KEY_ENV = "CLAWRL_API_KEY"
@@ -115,7 +115,7 @@ def _url_host(host: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = apply_flags(config_from_args(args), args)
+    cfg = config_with_flags(args)
     overrides: dict[str, object] = {}
     if args.model:
         overrides["model"] = cfg.model.model_copy(update={"spec": args.model})

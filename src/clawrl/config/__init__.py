@@ -38,6 +38,7 @@ from clawrl.config.method import (
     SampleNeeds,
     TrainedMethod,
     expand_method,
+    merge_method,
 )
 from clawrl.errors import ConfigError
 from clawrl.judge.config import JudgeConfig
@@ -65,6 +66,9 @@ __all__ = [
     "error_lines",
     "expand_method",
     "load_config",
+    "load_raw",
+    "merge_method",
+    "validate_config",
 ]
 
 
@@ -214,6 +218,28 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         ConfigError: the file is missing or not TOML, or a value breaks a field's bounds
             (the message names the field, e.g. ``server.port``).
     """
+    return validate_config(load_raw(path, overrides))
+
+
+def validate_config(data: dict[str, Any]) -> Config:
+    """Validate raw settings (as :func:`load_raw` gives them) into a :class:`Config`.
+
+    Raises:
+        ConfigError: a value breaks a field's bounds (the message names the field).
+    """
+    try:
+        return Config.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError("invalid configuration:\n" + "\n".join(error_lines(e))) from e
+
+
+def load_raw(path: str | Path | None = None, overrides: list[str] | None = None) -> dict[str, Any]:
+    """The raw settings of an optional TOML file with ``--set`` overrides applied, not validated
+    (so that command-line flags can still be merged in before :func:`validate_config`).
+
+    Raises:
+        ConfigError: the file is missing or not TOML, or an override is malformed.
+    """
     data: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
@@ -225,10 +251,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise ConfigError(f"{p} is not valid TOML: {e}") from e
     for o in overrides or []:
         apply_override(data, o)
-    try:
-        return Config.model_validate(data)
-    except ValidationError as e:
-        raise ConfigError("invalid configuration:\n" + "\n".join(error_lines(e))) from e
+    return data
 
 
 def error_lines(error: ValidationError) -> list[str]:

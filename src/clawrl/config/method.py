@@ -37,6 +37,7 @@ Importable without torch (the :mod:`clawrl.algorithms` configs are stdlib datacl
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -211,16 +212,58 @@ SHORTHANDS: dict[str, dict[str, Any]] = {
 
 
 def expand_method(value: Any) -> Any:
-    """A shorthand string (``"combine"``) becomes its table; anything else is returned as is.
+    """A shorthand string (``"combine"``) becomes its table; a table must name its ``kind``;
+    anything else is returned as is (for pydantic to refuse).
 
     Raises:
-        ValueError: an unknown shorthand (the message lists the known ones).
+        ValueError: an unknown shorthand, or a table without ``kind`` (the message lists the
+            known ones).
     """
     if isinstance(value, str):
         try:
-            return dict(SHORTHANDS[value])
+            return copy.deepcopy(SHORTHANDS[value])
         except KeyError:
             raise ValueError(
                 f"unknown method {value!r}; choose from {', '.join(SHORTHANDS)}"
             ) from None
+    if isinstance(value, dict) and "kind" not in value:
+        raise ValueError(
+            f"a method table needs a kind ({', '.join(METHOD_KINDS)}), e.g. "
+            f'trainer.method = {{ kind = "rl", ... }} or --method rl'
+        )
     return value
+
+
+def merge_method(current: Any, shorthand: str) -> dict[str, Any]:
+    """``--method SHORTHAND`` applied over the ``trainer.method`` of ``--config`` / ``--set``.
+
+    The settings already given for the same kind are kept (the shorthand's own settings, such as
+    ``dr_grpo``'s ``normalize_std = false``, win); a table without a kind takes the shorthand's.
+
+    Raises:
+        ValueError: the shorthand is unknown, or names another kind than the table does.
+    """
+    table = expand_method(shorthand)
+    if current is None:
+        return table
+    if isinstance(current, str):
+        current = expand_method(current)
+    if not isinstance(current, dict):
+        return table
+    kind = current.get("kind")
+    if kind is not None and kind != table["kind"]:
+        raise ValueError(
+            f"--method {shorthand} contradicts trainer.method kind {kind!r} given by --config "
+            "or --set; give one of them"
+        )
+    return _deep_merge(current, table)
+
+
+def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out

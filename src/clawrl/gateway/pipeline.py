@@ -31,6 +31,7 @@ The routes only format: the response JSON or the protocol's event sequence.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -45,7 +46,7 @@ from starlette.types import Send
 
 from clawrl.chat import ChatMessage, ParsedCompletion, ToolCall, ToolChoice, ToolSpec
 from clawrl.engine import SamplingParams, TokenEvent
-from clawrl.errors import ContextLengthError, EngineError
+from clawrl.errors import ContextLengthError, EngineError, StoreError
 from clawrl.gateway.attribution import ExplicitSession, agent_facts, parent_agent_turn
 from clawrl.gateway.auth import key_fingerprint, presented_key
 from clawrl.gateway.choices import StreamedChoice, complete_choice
@@ -55,7 +56,9 @@ from clawrl.gateway.errors import error_kind
 from clawrl.gateway.prepare import PreparedCall, prepare_messages
 from clawrl.gateway.recorder import CallContext, ChoiceResult, record_choices
 from clawrl.gateway.state import GatewayState
-from clawrl.store import ApiProtocol, TurnStatus
+from clawrl.store import ApiProtocol, TurnStatus, UntrainableReason
+
+log = logging.getLogger(__name__)
 
 RenameCall = Callable[[str], str]
 """Maps the parser's tool-call id (``call_…``) to the id the client sees (``toolu_…``)."""
@@ -428,12 +431,19 @@ class CallStream:
         ch.finished = True
         for other in self._choices:
             other.abort()
+        done = [c for c in self._choices if c is not ch and c.recorded]
         siblings = [c for c in self._choices if c is not ch and not c.recorded]
         for c in (ch, *siblings):
             c.recorded = True
         await record_failure(
             self.gw, self.call.ctx, [ch.result], exc, siblings=[c.result for c in siblings]
         )
+        # Choices recorded as finished before this failure: the stream now ends with an error,
+        # which clients treat as a failed call, so they are no trainable answers either.
+        for c in done:
+            c.result.status, c.result.finish_reason = TurnStatus.INCOMPLETE, "aborted"
+        if done:
+            await anyio.to_thread.run_sync(_mark_incomplete, self.gw, [c.result for c in done])
 
     async def _record(self, choices: list[StreamedChoice]) -> None:
         for c in choices:
@@ -455,8 +465,23 @@ class CallStream:
             c.abort()
             if c.result.parsed is not None:
                 c.result.parsed = renamed(c.result.parsed, self._rename)
-        if pending:
-            await self._record(pending)
+        try:
+            if pending:
+                await self._record(pending)
+        except StoreError as e:  # the response has started: log it, never mask a cancellation
+            log.error("could not record %d aborted stream choice(s): %s", len(pending), e)
+            self.gw.metrics.inc("clawrl_gateway_errors_total", kind="store")
+
+
+def _mark_incomplete(gw: GatewayState, results: list[ChoiceResult]) -> None:
+    for r in results:
+        gw.store.update_turn(
+            r.turn_id,
+            status=TurnStatus.INCOMPLETE,
+            finish_reason="aborted",
+            trainable=False,
+            untrainable_reason=UntrainableReason.INCOMPLETE.value,
+        )
 
 
 class EventStreamResponse(StreamingResponse):

@@ -1,7 +1,8 @@
 """Which rollout groups carry a learning signal; the credit itself is GRPO in the trainer.
 
 A group is the rollouts of one task by one harness in one step. Only rollouts whose verifier gave
-a reward count (verifier and harness errors are dropped with their reason). A group with fewer
+a reward and that produced at least one trainable turn count (verifier and harness errors, and
+rollouts without a trainable turn, are dropped with their reason). A group with fewer
 than two rewarded rollouts, or whose rewards are all equal, has zero GRPO advantage everywhere:
 it is left out of the step and counted (``group/skipped_too_small``,
 ``group/skipped_zero_variance``; DAPO's dynamic sampling filter). The rest go to the trainer as

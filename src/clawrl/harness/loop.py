@@ -157,11 +157,16 @@ def train(
         rollouts = runner.run(jobs)
         t_rollouts = time.perf_counter() - t0
         rewarded = [(r.id, r.group, r.reward) for r in rollouts if r.reward is not None]
-        chosen_groups = select_groups(rewarded)
         groups = {r.id: r.group for r in rollouts}
         built = step_samples(
-            runner.store, chosen_groups.kept, groups, {r.id: r.harness for r in rollouts}
-        )
+            runner.store, {rid: rw for rid, _, rw in rewarded}, groups,
+            {r.id: r.harness for r in rollouts},
+        )  # fmt: skip
+        # A group's statistics are those of the rollouts the trainer sees: a rollout without a
+        # trainable turn leaves its group, as a verifier error does.
+        with_samples = {str(s.meta["rollout"]) for s in built.samples}
+        chosen_groups = select_groups([t for t in rewarded if t[0] in with_samples])
+        built.samples = [s for s in built.samples if str(s.meta["rollout"]) in chosen_groups.kept]
         metrics: dict[str, float] = {
             **harness_metrics(rollouts),
             "group/count": float(len(chosen_groups.group_means)),

@@ -224,13 +224,16 @@ class Trainer:
             )
             out.loss.backward()
             total_loss += float(out.loss.detach())
-            weight = float(batch.loss_mask.sum()) / max(1.0, normalizers.num_tokens)
+            # token-mean metrics weigh each micro-batch by its share of the tokens trained
+            weight = out.metrics.get("tokens/count", 0.0) / max(1.0, normalizers.num_tokens)
             for k, v in out.metrics.items():
-                if k.startswith("tokens/") or k.startswith("seqs/"):
+                if k.startswith(("tokens/", "seqs/", "loss/")):  # counts; shares of the loss
                     totals[k] = totals.get(k, 0.0) + v
-                elif k.startswith("loss/"):
-                    totals[k] = totals.get(k, 0.0) + v  # each micro-batch's share of the loss
-                elif not k.startswith("adv/"):
+                elif k.endswith(("/min", "/max")):
+                    if weight > 0:  # a micro-batch without trained tokens has no extremes
+                        pick = min if k.endswith("/min") else max
+                        totals[k] = pick(totals.get(k, v), v)
+                elif not k.startswith("adv/"):  # advantages: full-batch metrics below
                     totals[k] = totals.get(k, 0.0) + v * weight
         grad_norm = (
             float(torch.nn.utils.clip_grad_norm_(self.params, self.config.grad_clip))
