@@ -33,11 +33,13 @@ from typing import TYPE_CHECKING, Any
 
 from clawrl.config import Config
 from clawrl.engine import Engine
+from clawrl.errors import ConfigError
 from clawrl.store import Store
 from clawrl.trainer.judge_worker import JudgeFn
 
 if TYPE_CHECKING:
     from clawrl.gateway.server import LiveServer
+    from clawrl.judge import Judge
     from clawrl.trainer import Trainer
     from clawrl.trainer.service import OnlineService
 
@@ -68,14 +70,16 @@ class JudgeBundle:
 
     Attributes:
         judge: ``async (JudgeInput) -> Judgment``.
-        engine: the judge's own local engine (``None`` for an endpoint judge or a test judge);
-            closed by :meth:`close`.
+        engine: the judge's own local engine (``None`` for an endpoint judge, the head judge
+            or a test judge); closed by :meth:`close`.
         description: ``backend xm`` for console lines.
+        prm: the :class:`clawrl.judge.Judge` behind ``judge`` (``None`` for a test judge).
     """
 
     judge: JudgeFn
     engine: Engine | None = None
     description: str = ""
+    prm: Judge | None = None
 
     def close(self) -> None:
         """Close the judge's engine, if it has one."""
@@ -97,21 +101,32 @@ def build_judge(config: Config) -> JudgeBundle:
     """
     from clawrl.judge import Judge
     from clawrl.judge.backends import build_backend
-    from clawrl.judge.config import OpenAIJudgeConfig
+    from clawrl.judge.config import HeadJudgeConfig, OpenAIJudgeConfig
     from clawrl.models import load_policy
 
     jc = config.judge
     engine: Engine | None = None
-    tokenizer = None
+    tokenizer = judge_model = None
     name = ""
     if not isinstance(jc.backend, OpenAIJudgeConfig):
         spec = jc.model or config.model.spec
         judge_policy = load_policy(spec, dtype=config.model.dtype, device=config.model.device)
-        engine = build_engine(judge_policy, config)
-        tokenizer, name = judge_policy.tokenizer, spec
-    backend = build_backend(jc.backend, engine=engine, tokenizer=tokenizer, model=name)
+        tokenizer, name, judge_model = judge_policy.tokenizer, spec, judge_policy.model
+        if not isinstance(jc.backend, HeadJudgeConfig):  # the head reads the model itself
+            # the judge reads whole turns plus their next state: its own model's window, not
+            # the policy's engine.max_context
+            own_window = config.engine.model_copy(update={"max_context": None})
+            engine = build_engine(judge_policy, config.model_copy(update={"engine": own_window}))
+    try:
+        backend = build_backend(
+            jc.backend, engine=engine, tokenizer=tokenizer, model=name, judge_model=judge_model
+        )
+    except BaseException:
+        if engine is not None:
+            engine.close()
+        raise
     judge = Judge(backend, votes=jc.votes, timeout_s=jc.timeout_s, hint_quorum=jc.hint_quorum)
-    return JudgeBundle(judge.judge, engine, f"{jc.backend.kind} x{jc.votes}")
+    return JudgeBundle(judge.judge, engine, f"{jc.backend.kind} x{jc.votes}", judge)
 
 
 @dataclass
@@ -186,13 +201,22 @@ def build_runtime(
             trainer to step (False, harness mode).
 
     Raises:
-        ConfigError, ModelError, JudgeError, StoreError: a part cannot be built (whatever was
-            built before it is closed).
+        ConfigError: the method does not fit the mode (``grpo`` needs harness rollout groups;
+            harness mode trains only ``grpo``), or a part's settings are wrong.
+        ModelError, JudgeError, StoreError: a part cannot be built (whatever was built before
+            it is closed).
     """
     from clawrl.gateway import create_app
     from clawrl.models import load_policy
 
     spec = config.model.spec
+    method = config.trainer.method
+    if method.trains and method.needs.group == online:
+        raise ConfigError(
+            f"method {method.kind!r} "
+            + ("needs rollout groups: use it in harness mode (clawrl harness train)"
+               if online else "cannot train harness rollouts: use grpo or dr_grpo")
+        )  # fmt: skip
     owned: list[Callable[[], None]] = []
     try:
         if policy is None:
@@ -204,7 +228,6 @@ def build_runtime(
             owned.append(store.close)
         service: OnlineService | None = None
         trainer: Trainer | None = None
-        method = config.trainer.method
         if method.trains and online:
             from clawrl.trainer.service import OnlineService
 

@@ -81,3 +81,17 @@ def test_bad_file_names_the_line(tmp_path, cases):
         load_cases(p)
     with pytest.raises(JudgeError, match="cannot read"):
         load_cases(tmp_path / "missing.jsonl")
+
+
+def test_the_blind_set_is_frozen():
+    """The blind held-out set is the one written before the trained judge existed."""
+    import hashlib
+
+    from clawrl.judge.cases import BLIND_SHA256, blind_cases_path
+
+    path = blind_cases_path()
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == BLIND_SHA256
+    recorded = (path.parent / "judge_blind_cases.sha256").read_text().split()[0]
+    assert recorded == BLIND_SHA256
+    cases = load_cases(path)
+    assert len(cases) >= 150 and len({c.category for c in cases}) == 10

@@ -53,12 +53,31 @@ def test_eval_on_tiny_model(capsys, tmp_path, tiny_dir, few_cases, backend):
 
 
 def test_prefixes_table(capsys, tiny_dir, few_cases):
-    args = ["judge", "eval", "--cases", str(few_cases), "--votes", "3", "--prefixes", "1,2",
-            "--model", str(tiny_dir)]  # fmt: skip
+    args = ["judge", "eval", "--cases", str(few_cases), "--backend", "choice", "--votes", "3",
+            "--prefixes", "1,2", "--model", str(tiny_dir)]  # fmt: skip
     assert main(args) == 0
     assert "from the first K votes" in capsys.readouterr().out
     assert main([*args[:-4], "--prefixes", "4", "--model", str(tiny_dir)]) == 1
     assert "--prefixes must lie in 1..3" in capsys.readouterr().err
+
+
+def test_head_backend_train_then_eval(capsys, tmp_path, tiny_dir, few_cases):
+    """`clawrl judge train` writes a head set for the given model; `eval --head` uses it; the
+    shipped head (trained for SmolLM2-135M) is refused for another model."""
+    head = tmp_path / "head.safetensors"
+    train = ["judge", "train", "--out", str(head), "--model", str(tiny_dir), "--train", "60",
+             "--val", "30", "--probes", "4"]  # fmt: skip
+    assert main(train) == 0
+    assert f"-> {head}" in capsys.readouterr().out
+    args = ["judge", "eval", "--cases", str(few_cases), "--head", str(head), "--votes", "4",
+            "--model", str(tiny_dir), "--json"]  # fmt: skip
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "sign errors" in text
+    metrics = json.loads(text.strip().splitlines()[-1])
+    assert metrics["eval/cases"] == 4 and metrics["judge/votes"] == 4
+    assert main(["judge", "eval", "--cases", str(few_cases), "--model", str(tiny_dir)]) == 1
+    assert "clawrl judge train" in capsys.readouterr().err
 
 
 def test_openai_backend_needs_url_and_model(capsys, few_cases):

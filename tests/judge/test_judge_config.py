@@ -10,6 +10,7 @@ from clawrl.judge import (
     BackendKind,
     ChoiceJudgeConfig,
     GenerativeJudgeConfig,
+    HeadJudgeConfig,
     JudgeConfig,
     OpenAIJudgeConfig,
 )
@@ -18,7 +19,9 @@ from clawrl.judge.backends import ChoiceBackend, GenerativeBackend, OpenAIBacken
 
 def test_defaults_and_union():
     cfg = JudgeConfig()
-    assert isinstance(cfg.backend, ChoiceJudgeConfig) and cfg.votes == 3
+    assert isinstance(cfg.backend, HeadJudgeConfig) and cfg.votes == 5
+    assert isinstance(JudgeConfig.model_validate({"backend": {"kind": "choice"}}).backend,
+                      ChoiceJudgeConfig)  # fmt: skip
     cfg = JudgeConfig.model_validate(
         {"votes": 5, "backend": {"kind": "openai", "url": "http://h/v1", "model": "m"}}
     )

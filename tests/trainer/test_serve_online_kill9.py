@@ -35,7 +35,7 @@ def _start(tiny_dir: Path, tmp: Path) -> tuple[subprocess.Popen, str, str]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
     cmd = [*SERVE, "serve", "--model", str(tiny_dir), "--port", "0", "--store",
            str(tmp / "s.db"), "--method", "combine", "--batch-size", "2", "--judge-votes", "1",
-           "--output-dir", str(tmp / "out"), "--lr", "1e-3"]  # fmt: skip
+           "--output-dir", str(tmp / "out"), "--lr", "1e-3", "--judge", "choice"]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env)  # fmt: skip
     seen = []

@@ -60,10 +60,6 @@ def run(args: argparse.Namespace) -> int:
 
     logging.getLogger("clawrl").setLevel(logging.ERROR)
     cfg = config_from_args(args)
-    if not any(o.startswith("judge.votes") for o in args.overrides):
-        # one calibrated choice vote per turn: 3 votes triple the judge's CPU time, which on a
-        # 2-core laptop is the demo's bottleneck (clawrl judge eval measures m = 1, 3, 5)
-        cfg = cfg.model_copy(update={"judge": cfg.judge.model_copy(update={"votes": 1})})
     methods = tuple(m.strip() for m in (args.compare or args.method).split(",") if m.strip())
     bad = [m for m in methods if m not in METHOD_NAMES]
     if bad:

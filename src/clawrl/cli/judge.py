@@ -14,7 +14,7 @@ from clawrl.cli.common import add_config_options, config_from_args, quiet_transf
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "judge",
-        help="the PRM judge (turn scores and hints); `clawrl judge eval` measures it",
+        help="the PRM judge (turn scores and hints): eval measures it, train fits its head",
         description="The PRM judge scores a turn +1 / -1 / 0 from what came next, by a "
         "majority of m votes, and writes a hint when the next state says how the turn should "
         "have been done.",
@@ -22,27 +22,35 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     jsub = p.add_subparsers(dest="judge_command", metavar="SUBCOMMAND", required=True)
     e = jsub.add_parser(
         "eval",
-        help="judge a labeled set; print accuracy, confusion matrix, hint P/R, judgments/s",
+        help="judge a labeled set; print accuracy, sign errors, hint P/R, judgments/s",
         description="Judge every case of a labeled JSONL set (default: the one shipped with "
-        "clawrl) and print accuracy, the confusion matrix, hint precision and recall, and "
-        "judgments per second. Backends: choice (calibrated verdict log-probs; suits small "
-        "local models), generative (sampled verdicts from a local model), openai (any "
-        "OpenAI-compatible endpoint).",
+        "clawrl; 'blind': the held-out set written without seeing the judge) and print "
+        "accuracy, coverage, sign errors, the confusion matrix, hint precision and recall, and "
+        "judgments per second. Backends: head (trained probes on the local judge model's "
+        "hidden states; the default), choice (calibrated verdict log-probs), generative "
+        "(sampled verdicts from a local model), openai (any OpenAI-compatible endpoint: the "
+        "way to use a strong generative PRM with hints).",
         epilog="examples:\n"
+        "  clawrl judge eval                              # head judge, shipped set, m=5\n"
+        "  clawrl judge eval --cases blind --votes 5      # the blind held-out set\n"
         "  clawrl judge eval --backend choice --votes 3\n"
-        "  clawrl judge eval --backend generative --votes 5 --model smollm2-135m\n"
         "  JUDGE_KEY=... clawrl judge eval --backend openai --judge-url http://127.0.0.1:8000/v1 "
-        "--judge-model smollm2-135m --judge-api-key-env JUDGE_KEY",
+        "--judge-model NAME --judge-api-key-env JUDGE_KEY",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    e.add_argument("--cases", metavar="FILE", help="labeled JSONL set (default: the shipped one)")
+    e.add_argument(
+        "--cases",
+        metavar="FILE",
+        help="labeled JSONL set, or 'shipped' (default) or 'blind' (the held-out set)",
+    )
     e.add_argument(
         "--backend",
-        choices=["choice", "generative", "openai"],
-        default="choice",
-        help="where votes come from (choice)",
+        choices=["head", "choice", "generative", "openai"],
+        default="head",
+        help="where votes come from (head)",
     )
-    e.add_argument("--votes", type=int, default=3, metavar="M", help="votes per judgment (3)")
+    e.add_argument("--head", metavar="FILE", help="head backend: a `clawrl judge train` file")
+    e.add_argument("--votes", type=int, default=5, metavar="M", help="votes per judgment (5)")
     e.add_argument("--model", help="local judge model spec (default: smollm2-135m)")
     e.add_argument("--judge-url", help="openai backend: API base, e.g. http://127.0.0.1:8000/v1")
     e.add_argument("--judge-model", help="openai backend: the request's model name")
@@ -70,6 +78,37 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_config_options(e)
     e.set_defaults(func=run_eval)
 
+    t = jsub.add_parser(
+        "train",
+        help="train the head judge's probes on labeled next states made from templates",
+        description="Fit the head judge (clawrl.judge.head): features of synthetic labeled "
+        "next states (clawrl.judge.synthetic, train and val phrasings) from the judge model's "
+        "hidden states, the L2 strength and the abstention threshold chosen on val, then "
+        "--probes probes (with their hint gates) refit on train + val + --extra (probe i is "
+        "vote i). The blind held-out set is never used. About 15 minutes on 2 CPU cores.",
+        epilog="example:\n  clawrl judge train --out judge_head.safetensors\n"
+        "  clawrl judge eval --head judge_head.safetensors --cases blind",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    t.add_argument("--out", required=True, help="where the head set is written (.safetensors)")
+    t.add_argument("--model", help="judge model spec (default: smollm2-135m)")
+    t.add_argument("--train", type=int, default=6000, help="synthetic train cases (6000)")
+    t.add_argument("--val", type=int, default=1500, help="synthetic val cases (1500)")
+    t.add_argument("--probes", type=int, default=32, help="probes, i.e. most votes (32)")
+    t.add_argument("--coverage", type=float, default=0.95,
+                   help="fraction of val cases vote 0 must judge (0.95)")  # fmt: skip
+    t.add_argument("--seed", type=int, default=0, help="synthetic draw and bootstrap seed (0)")
+    t.add_argument(
+        "--extra",
+        default="shipped",
+        metavar="FILE",
+        help="human-written labeled cases added to the final fit ('shipped': the shipped set, "
+        "the default; 'none')",
+    )
+    t.add_argument("--extra-weight", type=float, default=3.0, help="weight of each extra case (3)")
+    add_config_options(t)
+    t.set_defaults(func=run_train)
+
 
 def _backend_config(args: argparse.Namespace) -> Any:
     """The typed backend config the arguments describe.
@@ -90,7 +129,12 @@ def _backend_config(args: argparse.Namespace) -> Any:
 
 def _backend_config_unchecked(args: argparse.Namespace) -> Any:
     from clawrl.errors import JudgeError
-    from clawrl.judge.config import ChoiceJudgeConfig, GenerativeJudgeConfig, OpenAIJudgeConfig
+    from clawrl.judge.config import (
+        ChoiceJudgeConfig,
+        GenerativeJudgeConfig,
+        HeadJudgeConfig,
+        OpenAIJudgeConfig,
+    )
 
     sampling: dict[str, Any] = {"seed": args.seed}
     if args.max_tokens is not None:
@@ -110,7 +154,18 @@ def _backend_config_unchecked(args: argparse.Namespace) -> Any:
         )
     if args.backend == "generative":
         return GenerativeJudgeConfig(**sampling)
-    return ChoiceJudgeConfig(calibrate=not args.no_calibrate)
+    if args.backend == "choice":
+        return ChoiceJudgeConfig(calibrate=not args.no_calibrate)
+    return HeadJudgeConfig(path=args.head)
+
+
+def _cases_path(name: str | None) -> Any:
+    """A labeled set by name (``shipped``, ``blind``) or path; None: the shipped set."""
+    from clawrl.judge.cases import blind_cases_path
+
+    if name == "blind":
+        return blind_cases_path()
+    return None if name in (None, "shipped") else name
 
 
 def _prefixes(text: str | None, votes: int) -> list[int]:
@@ -137,32 +192,34 @@ def run_eval(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from clawrl.judge import Judge, Score, load_cases
-    from clawrl.judge.backends import build_backend
+    from clawrl.config import Config
+    from clawrl.judge import Score, load_cases
+    from clawrl.judge.config import JudgeConfig
     from clawrl.judge.evaluate import evaluate
+    from clawrl.runtime import build_judge
 
     backend_cfg = _backend_config(args)
     prefixes = _prefixes(args.prefixes, args.votes)
-    cases = load_cases(args.cases)
+    cases = load_cases(_cases_path(args.cases))
     if args.limit is not None:
         cases = cases[: args.limit]
     err = Console(stderr=True)
-    engine = None
-    model_name = ""
-    tokenizer = None
+    cfg = config_from_args(args) if args.backend != "openai" else Config()
+    if args.model:
+        cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"spec": args.model})})
+    cfg = cfg.model_copy(
+        update={
+            "judge": JudgeConfig(
+                backend=backend_cfg, model=None, votes=args.votes, timeout_s=args.timeout
+            )
+        }
+    )
     if args.backend != "openai":
         quiet_transformers()
-        from clawrl.engine import TransformersEngine
-        from clawrl.models import load_policy
-
-        cfg = config_from_args(args)
-        model_name = args.model or cfg.model.spec
-        with err.status(f"loading {model_name}"):
-            policy = load_policy(model_name, dtype=cfg.model.dtype, device=cfg.model.device)
-        engine = TransformersEngine.from_policy(policy, max_batch=cfg.engine.max_batch)
-        tokenizer = policy.tokenizer
-    backend = build_backend(backend_cfg, engine=engine, tokenizer=tokenizer, model=model_name)
-    judge = Judge(backend, votes=args.votes, timeout_s=args.timeout)
+    with err.status(f"loading the {args.backend} judge"):
+        bundle = build_judge(cfg)
+    assert bundle.prm is not None
+    judge = bundle.prm
 
     label = f"{args.backend}, m={args.votes}"
 
@@ -183,8 +240,7 @@ def run_eval(args: argparse.Namespace) -> int:
     try:
         report = asyncio.run(go())
     finally:
-        if engine is not None:
-            engine.close()
+        bundle.close()
 
     out = Console()
     summary = Table(title=f"clawrl judge eval: {report.backend} {report.model} m={report.votes}")
@@ -194,6 +250,7 @@ def run_eval(args: argparse.Namespace) -> int:
     summary.add_row("accuracy", _fmt(report.accuracy))
     summary.add_row("coverage (judged)", _fmt(report.coverage))
     summary.add_row("accuracy on judged", _fmt(report.judged_accuracy))
+    summary.add_row("sign errors (+1 as -1 or -1 as +1)", _fmt(report.sign_error_rate))
     summary.add_row("majority baseline", _fmt(report.majority_baseline))
     summary.add_row("hint precision", _fmt(report.hint_precision))
     summary.add_row("hint recall", _fmt(report.hint_recall))
@@ -251,4 +308,47 @@ def run_eval(args: argparse.Namespace) -> int:
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
     if args.json:
         print(json.dumps(report.metrics(), sort_keys=True))
+    return 0
+
+
+def run_train(args: argparse.Namespace) -> int:
+    """``clawrl judge train``: fit the head judge's probes on synthetic labeled next states."""
+    import time
+
+    from rich.console import Console
+
+    from clawrl.judge.head import FeatureExtractor
+    from clawrl.judge.head_training import train_head_set
+    from clawrl.judge.synthetic import synthetic_cases
+    from clawrl.models import load_policy
+
+    quiet_transformers()
+    cfg = config_from_args(args)
+    spec = args.model or cfg.model.spec
+    console = Console(stderr=True)
+    t0 = time.perf_counter()
+    with console.status(f"loading {spec}"):
+        policy = load_policy(spec, dtype=cfg.model.dtype, device=cfg.model.device)
+    train = synthetic_cases(args.train, split="train", seed=args.seed)
+    val = synthetic_cases(args.val, split="val", seed=args.seed)
+    extractor = FeatureExtractor(policy.model, policy.tokenizer)
+
+    def progress(line: str) -> None:
+        console.print(f"[{time.perf_counter() - t0:6.0f} s] {line}")
+
+    from clawrl.judge import load_cases
+
+    extra = [] if args.extra == "none" else load_cases(_cases_path(args.extra))
+    head = train_head_set(
+        extractor, train, val, extra=extra, extra_weight=args.extra_weight, probes=args.probes,
+        coverage=args.coverage, seed=args.seed, progress=progress,
+    )  # fmt: skip
+    head.facts["extra"] = args.extra
+    head.facts["model"] = spec
+    path = head.save(args.out)
+    print(
+        f"judge head: {len(head.probes)} probes, min_confidence {head.min_confidence:.3f}, "
+        f"val accuracy {head.facts['val_accuracy_vote0']:.3f} -> {path}\n"
+        f"use it: clawrl judge eval --head {path}   or   --set judge.backend.path={path}"
+    )
     return 0

@@ -30,6 +30,7 @@ from clawrl.judge.cases import CaseCategory, JudgeCase, default_cases_path, load
 from clawrl.judge.config import (
     ChoiceJudgeConfig,
     GenerativeJudgeConfig,
+    HeadJudgeConfig,
     JudgeConfig,
     OpenAIJudgeConfig,
 )
@@ -60,6 +61,7 @@ __all__ = [
     "CaseCategory",
     "ChoiceJudgeConfig",
     "GenerativeJudgeConfig",
+    "HeadJudgeConfig",
     "Hint",
     "HintSelection",
     "HintStatus",

@@ -68,6 +68,17 @@ def default_cases_path() -> Path:
     return Path(str(resources.files("clawrl") / "data" / "judge_cases.jsonl"))
 
 
+BLIND_SHA256 = "e002aa0d6797e2cf09ff539d96751d70fdc31f95da809d827cc05f593f906d78"
+"""SHA-256 of the blind set as frozen (``clawrl/data/judge_blind_cases.sha256``)."""
+
+
+def blind_cases_path() -> Path:
+    """Path of the blind held-out set: 210 cases written, before the trained judge existed,
+    by someone who never saw the judge's prompts or outputs; never used for training or
+    tuning (frozen: its SHA-256 is :data:`BLIND_SHA256`)."""
+    return Path(str(resources.files("clawrl") / "data" / "judge_blind_cases.jsonl"))
+
+
 def load_cases(path: str | Path | None = None) -> list[JudgeCase]:
     """Read a labeled set (default: the shipped one).
 

@@ -1,7 +1,7 @@
 """Judge settings: pydantic models with bounds, importable without torch.
 
-The backend is picked by a discriminated union on ``kind`` (``generative`` | ``choice`` |
-``openai``); see :func:`clawrl.judge.backends.build_backend`.
+The backend is picked by a discriminated union on ``kind`` (``head`` | ``choice`` |
+``generative`` | ``openai``); see :func:`clawrl.judge.backends.build_backend`.
 """
 
 from __future__ import annotations
@@ -25,6 +25,23 @@ class GenerativeJudgeConfig(_Section):
     )
     top_p: float = Field(default=0.95, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     seed: int = Field(default=0, ge=0, description="Vote i samples with seed + i.")
+
+
+class HeadJudgeConfig(_Section):
+    """Trained probes on the local judge model's hidden states (:mod:`clawrl.judge.head`)."""
+
+    kind: Literal["head"] = "head"
+    path: str | None = Field(
+        default=None,
+        description="A head set written by `clawrl judge train`; None: the one shipped for "
+        "the embedded SmolLM2-135M.",
+    )
+    min_confidence: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=1.0,
+        description="A vote abstains below this top probability; None: the head set's own.",
+    )
 
 
 class ChoiceJudgeConfig(_Section):
@@ -62,12 +79,13 @@ class OpenAIJudgeConfig(_Section):
 
 
 BackendConfig = Annotated[
-    GenerativeJudgeConfig | ChoiceJudgeConfig | OpenAIJudgeConfig, Field(discriminator="kind")
+    HeadJudgeConfig | GenerativeJudgeConfig | ChoiceJudgeConfig | OpenAIJudgeConfig,
+    Field(discriminator="kind"),
 ]
 
 
 def _default_backend() -> BackendConfig:
-    return ChoiceJudgeConfig()
+    return HeadJudgeConfig()
 
 
 class JudgeConfig(_Section):
@@ -79,7 +97,7 @@ class JudgeConfig(_Section):
     model: str | None = Field(
         default=None, description="Local judge model spec; None: the policy's base weights."
     )
-    votes: int = Field(default=3, ge=1, le=32, description="Independent votes per judgment (m).")
+    votes: int = Field(default=5, ge=1, le=32, description="Independent votes per judgment (m).")
     timeout_s: float = Field(
         default=60.0, gt=0.0, le=3600.0, description="Wall-clock limit of one judgment (seconds)."
     )

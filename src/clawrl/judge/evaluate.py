@@ -98,6 +98,16 @@ class EvalReport:
         return _ratio(sum(r.hinted for r in wanted), len(wanted))
 
     @property
+    def sign_error_rate(self) -> float | None:
+        """Cases whose judged score has the opposite sign of the expected one (+1 judged -1 or
+        -1 judged +1), as a fraction of all cases: the errors that train the wrong way."""
+        flipped = sum(
+            r.judgment.score is not None and int(r.judgment.score) * int(r.case.expected_score) < 0
+            for r in self.results
+        )
+        return _ratio(flipped, self.n)
+
+    @property
     def judgments_per_s(self) -> float | None:
         return self.n / self.wall_s if self.wall_s > 0 else None
 
@@ -160,6 +170,7 @@ class EvalReport:
             "eval/majority_baseline": self.majority_baseline,
             "eval/hint_precision": self.hint_precision,
             "eval/hint_recall": self.hint_recall,
+            "eval/sign_error_rate": self.sign_error_rate,
             "eval/judgments_per_s": self.judgments_per_s,
             "time/eval_s": self.wall_s,
             "judge/votes": self.votes,

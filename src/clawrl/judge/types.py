@@ -46,6 +46,7 @@ class BackendKind(StrEnum):
 
     GENERATIVE = "generative"  # local engine, sampled free-form verdicts
     CHOICE = "choice"  # local engine, calibrated log-probs of the allowed verdicts
+    HEAD = "head"  # local judge model, trained probes on its hidden states (the default)
     OPENAI = "openai"  # any OpenAI-compatible ``/chat/completions`` endpoint
     FEEDBACK = "feedback"  # no backend: explicit feedback used as given
 

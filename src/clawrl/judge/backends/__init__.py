@@ -1,4 +1,5 @@
-"""Judge backends: generative (local engine), choice scoring (local engine), OpenAI-compatible.
+"""Judge backends: trained head (local model, default), choice scoring and generative (local
+engine), OpenAI-compatible endpoint.
 
 :func:`build_backend` maps a typed backend config (:mod:`clawrl.judge.config`) to a backend.
 """
@@ -16,25 +17,42 @@ from clawrl.judge.config import (
     BackendConfig,
     ChoiceJudgeConfig,
     GenerativeJudgeConfig,
+    HeadJudgeConfig,
     OpenAIJudgeConfig,
 )
 
 
 def build_backend(
-    cfg: BackendConfig, *, engine: Any = None, tokenizer: Any = None, model: str = ""
+    cfg: BackendConfig,
+    *,
+    engine: Any = None,
+    tokenizer: Any = None,
+    model: str = "",
+    judge_model: Any = None,
 ) -> JudgeBackend:
     """Build the backend ``cfg`` describes.
 
     Args:
         cfg: the backend config.
         engine: the local engine (generative and choice only).
-        tokenizer: the local judge model's tokenizer (generative and choice only).
+        tokenizer: the local judge model's tokenizer (head, generative and choice).
         model: the local judge model's name, for the record.
+        judge_model: the local judge model itself (head only: its hidden states are read).
 
     Raises:
-        JudgeError: a local backend without an engine and tokenizer, or a missing API key.
+        JudgeError: a local backend without what it needs, a missing API key, or a head set
+            trained for another judge model.
     """
     match cfg:
+        case HeadJudgeConfig():
+            if judge_model is None or tokenizer is None:
+                raise JudgeError("the head judge backend needs the judge model and tokenizer")
+            from clawrl.judge.backends.head import HeadBackend
+
+            return HeadBackend(
+                judge_model, tokenizer, head=cfg.path, model_name=model,
+                min_confidence=cfg.min_confidence,
+            )  # fmt: skip
         case OpenAIJudgeConfig():
             return OpenAIBackend(
                 cfg.url,

@@ -1,0 +1,139 @@
+"""The trained judge backend: m votes from m probes on the judge model's hidden states.
+
+One forward pass of the frozen judge model per judgment (in a worker thread; the model is the
+backend's own copy), then each vote ``i`` is probe ``i`` of the :class:`~clawrl.judge.head.
+HeadSet` — its own feature set and bootstrap resample, so the votes are independent
+classifiers. A vote below the head set's ``min_confidence`` abstains (``low_margin``). An
+empty program output is judged 0 without a model call (nothing was shown either way), as the
+choice judge does. Hints: vote ``i``'s hint gate decides whether the next state says how the
+turn should have been done; if so, the vote carries the directive sentences
+:func:`clawrl.judge.hints.extract_directive` copies from it, and the judge keeps a hint that a
+quorum of votes carries (:func:`clawrl.judge.hints.select_hint`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from clawrl.errors import JudgeError
+from clawrl.judge.backends.base import failed_vote
+from clawrl.judge.head import CLASSES, FeatureExtractor, HeadSet, default_head_path, next_state_view
+from clawrl.judge.hints import extract_directive
+from clawrl.judge.types import (
+    AbstainReason,
+    BackendKind,
+    HintStatus,
+    JudgeInput,
+    NextStateRole,
+    Score,
+    Vote,
+)
+
+
+class HeadBackend:
+    """Votes from a trained :class:`HeadSet` over a local judge model.
+
+    Args:
+        model: the judge's causal LM (a copy nothing else runs or trains).
+        tokenizer: its tokenizer.
+        head: the trained probes; default: the shipped set (:func:`default_head_path`).
+        model_name: recorded on every judgment.
+        min_confidence: override the head set's abstention threshold (``None``: keep it).
+
+    Raises:
+        JudgeError: the head set was trained for another judge model.
+    """
+
+    kind = BackendKind.HEAD
+    batched = True
+    writes_hints = True
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        head: HeadSet | str | Path | None = None,
+        model_name: str = "",
+        min_confidence: float | None = None,
+    ) -> None:
+        self.extractor = FeatureExtractor(model, tokenizer)
+        path = default_head_path() if head is None else head
+        self.head = path if isinstance(path, HeadSet) else HeadSet.load(path)
+        if (
+            self.head.identity != self.extractor.identity
+            or self.head.layers != self.extractor.layers
+        ):
+            raise JudgeError(
+                f"the judge head was trained for judge model {self.head.identity} (layers "
+                f"{self.head.layers}), but the judge model is {self.extractor.identity} (layers "
+                f"{self.extractor.layers}); train one for it: clawrl judge train --model SPEC "
+                "--out FILE, then --set judge.backend.path=FILE"
+            )
+        self.model = model_name
+        self.min_confidence = self.head.min_confidence if min_confidence is None else min_confidence
+
+    async def votes(self, inp: JudgeInput, indices: Sequence[int]) -> list[Vote]:
+        """Votes ``indices`` (each at most ``len(probes) - 1``) for ``inp``; see the module doc."""
+        if any(i >= len(self.head.probes) for i in indices):
+            raise JudgeError(
+                f"this judge head has {len(self.head.probes)} probes: at most that many votes"
+            )
+        program = inp.next_state.role in (NextStateRole.TOOL, NextStateRole.ENVIRONMENT)
+        if program and not inp.next_state.text.strip():
+            return [self._vote(i, Score.NEUTRAL, "empty output: no evidence", {}) for i in indices]
+        start = time.perf_counter()
+        try:
+            features = await asyncio.to_thread(self.extractor.features, [next_state_view(inp)])
+        except (RuntimeError, ValueError) as e:  # the model failed on this input
+            return [
+                failed_vote(i, AbstainReason.BACKEND_ERROR, f"judge model: {e}") for i in indices
+            ]
+        latency = time.perf_counter() - start
+        out = []
+        for i in indices:
+            probe = self.head.probes[i]
+            probs = probe.probs(features)[0]
+            top = int(probs.argmax())
+            raw = {"probe": probe.name, **{c.label: round(float(probs[k]), 4)
+                                           for k, c in enumerate(CLASSES)}}  # fmt: skip
+            if float(probs[top]) < self.min_confidence:
+                vote = Vote(
+                    index=i, score=None, abstain_reason=AbstainReason.LOW_MARGIN,
+                    detail=f"top probability {float(probs[top]):.2f} < {self.min_confidence:.2f}",
+                    raw=json.dumps(raw), hint_status=HintStatus.ABSENT, latency_s=latency,
+                )  # fmt: skip
+            else:
+                gate = float(self.head.hint_probes[i].probs(features)[0, 1])
+                raw["hint_gate"] = round(gate, 4)
+                hint = None
+                if gate >= 0.5:
+                    found = extract_directive(
+                        inp.next_state.text, inp.next_state.role, negative=True
+                    )
+                    hint = found.text if found is not None else None
+                vote = self._vote(i, CLASSES[top], probe.name, raw, latency, hint)
+            out.append(vote)
+        return out
+
+    @staticmethod
+    def _vote(
+        index: int,
+        score: Score,
+        detail: str,
+        raw: dict[str, Any],
+        latency: float = 0.0,
+        hint: str | None = None,
+    ) -> Vote:
+        return Vote(
+            index=index, score=score, detail=detail, raw=json.dumps(raw), hint=hint,
+            hint_status=HintStatus.OK if hint else HintStatus.NONE, latency_s=latency,
+        )  # fmt: skip
+
+    async def aclose(self) -> None:
+        """Nothing to release (the model is freed with the backend)."""
