@@ -55,8 +55,12 @@ def test_reasoning():
 
 
 def test_unclosed_think_makes_the_rest_reasoning():
-    assert parse("<think>I was cut off") == ParsedCompletion(reasoning="I was cut off")
-    assert parse(f"<think>x {CALL_LS}") == ParsedCompletion(reasoning=f"x {CALL_LS}")
+    assert parse("<think>I was cut off") == ParsedCompletion(
+        reasoning="I was cut off", reasoning_open=True
+    )
+    assert parse(f"<think>x {CALL_LS}") == ParsedCompletion(
+        reasoning=f"x {CALL_LS}", reasoning_open=True
+    )
 
 
 def test_think_not_at_start_is_content():

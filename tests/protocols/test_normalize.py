@@ -96,6 +96,11 @@ def test_anthropic_tool_use_results_in_block_order_and_names_without_id_echo():
         ),
         (
             [
+                {"role": "user", "content": "look"},
+                {
+                    "role": "assistant",
+                    "content": [{"type": "tool_use", "id": "t", "name": "shot", "input": {}}],
+                },
                 {
                     "role": "user",
                     "content": [
@@ -105,9 +110,9 @@ def test_anthropic_tool_use_results_in_block_order_and_names_without_id_echo():
                             "content": [{"type": "image", "source": {}}],
                         }
                     ],
-                }
+                },
             ],
-            "messages[0].content[0].content[0]",
+            "messages[2].content[0].content[0]",
         ),
     ],
 )

@@ -17,7 +17,8 @@ Accepted, as Claude Code and the ``anthropic`` SDK send them (shared/HARNESSES.m
   blocks; ``is_error: true`` renders as ``"Error: " + content`` (the policy must see that the
   call failed). The result's ``name`` is the function name of the ``tool_use`` it answers, found
   by id, else by position among the previous assistant message's calls (ids are never rendered,
-  and clients that rewrite them change nothing).
+  and clients that rewrite them change nothing). A result that answers no ``tool_use`` (an orphan:
+  none with its id, none left by position) is a 400, as in Anthropic's API.
 * assistant ``tool_use`` blocks become tool calls (``input`` is the arguments object);
   ``thinking`` blocks become the message's reasoning (rendered like any assistant reasoning, so
   a turn's rendering stays what the policy generated); ``redacted_thinking`` blocks carry no text
@@ -195,7 +196,14 @@ def _user(i: int, blocks: list[Any], calls: list[ToolCall]) -> list[ChatMessage]
                 )
             name = by_id.get(call_id)
             if name is None and n_results < len(calls):
-                name = calls[n_results].name
+                name = calls[n_results].name  # a rewritten id: matched by position
+            if name is None:  # as Anthropic's API: every result answers a tool_use
+                raise ClientInputError(
+                    f"{where}: tool_result for tool_use_id {call_id!r}, but the previous "
+                    "assistant message has no tool_use block with that id"
+                    + ("" if calls else " (it has no tool_use blocks at all)"),
+                    param=f"{where}.tool_use_id",
+                )
             n_results += 1
             out.append(
                 ChatMessage(

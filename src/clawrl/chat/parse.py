@@ -57,6 +57,8 @@ class ParsedCompletion(BaseModel):
         content: the text for the user, stripped; ``None`` when empty.
         reasoning: the ``<think>`` text, stripped; ``None`` when absent or empty.
         tool_calls: the well-formed tool calls, in order.
+        reasoning_open: the completion ended inside ``<think>`` (never closed): anything after
+            it, a tool call included, was read as reasoning.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -64,6 +66,7 @@ class ParsedCompletion(BaseModel):
     content: str | None = None
     reasoning: str | None = None
     tool_calls: list[ToolCall] = Field(default_factory=list)
+    reasoning_open: bool = False
 
     def to_message(self) -> ChatMessage:
         """Return the completion as an assistant :class:`ChatMessage`."""
@@ -234,6 +237,7 @@ class StreamingParser:
             content=self._content.value(),
             reasoning=self._reasoning.value(),
             tool_calls=list(self._tool_calls),
+            reasoning_open=self._finished and self._phase == "think",
         )
 
     def _cut_at_stop_marker(self) -> None:

@@ -81,6 +81,22 @@ def supports_native_tools(tokenizer: PreTrainedTokenizerBase) -> bool:
     return "tools" in _template_source(tokenizer)
 
 
+def _valid_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _surrogate_param(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> str:
+    """Where the first invalid string is (``messages[i]``, ``tools``), for the error's param."""
+    for i, m in enumerate(messages):
+        if not _valid_unicode(str(m.model_dump())):
+            return f"messages[{i}]"
+    return "tools" if tools else "messages"
+
+
 def render_prompt(
     tokenizer: PreTrainedTokenizerBase,
     messages: Sequence[ChatMessage],
@@ -137,6 +153,13 @@ def render_prompt(
         raise ClientInputError(
             f"the policy's chat template rejected the conversation: {e}", param="messages"
         ) from e
+    if not _valid_unicode(text):  # a JSON "\\ud800" decodes to a lone surrogate: no UTF-8
+        raise ClientInputError(
+            "the conversation contains invalid Unicode (a lone surrogate such as \\ud800); "
+            "send valid UTF-8 text",
+            param=_surrogate_param(messages, offered),
+            code="invalid_unicode",
+        )
 
     def encode(s: str) -> list[int]:
         return tokenizer.encode(s, add_special_tokens=False)

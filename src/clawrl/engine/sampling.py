@@ -14,6 +14,15 @@ from __future__ import annotations
 
 import torch
 
+GREEDY_BELOW = 1e-5
+"""Temperatures below this are greedy decoding (as vLLM's ``_SAMPLING_EPS``): dividing logits by
+a temperature like 1e-40 overflows to infinities and NaN probabilities."""
+
+
+def is_greedy(temperature: float) -> bool:
+    """Whether ``temperature`` means greedy decoding (below :data:`GREEDY_BELOW`)."""
+    return temperature < GREEDY_BELOW
+
 
 def processed_logprobs(
     logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
@@ -22,7 +31,8 @@ def processed_logprobs(
 
     Args:
         logits: ``[B, V]`` raw next-token logits (any float dtype; computed in float32).
-        temperature: ``[B]``; rows with 0 are greedy and get the temperature-1 log-softmax.
+        temperature: ``[B]``; rows below :data:`GREEDY_BELOW` (0 included) are greedy and get the
+            temperature-1 log-softmax.
         top_k: ``[B]`` int; 0 disables.
         top_p: ``[B]`` in (0, 1]; 1 disables.
 
@@ -30,7 +40,7 @@ def processed_logprobs(
         ``[B, V]`` float32 log-probs; filtered tokens are ``-inf``.
     """
     logits = logits.float()
-    greedy = temperature <= 0
+    greedy = temperature < GREEDY_BELOW
     temp = torch.where(greedy, torch.ones_like(temperature), temperature).float()
     scaled = logits / temp[:, None]
     vocab = scaled.shape[-1]

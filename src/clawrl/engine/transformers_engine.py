@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from clawrl.engine.sampling import processed_logprobs, sample_rows
+from clawrl.engine.sampling import is_greedy, processed_logprobs, sample_rows
 from clawrl.engine.types import Completion, EngineStats, FinishReason, SamplingParams, TokenEvent
 from clawrl.errors import ContextLengthError, EngineClosedError, EngineError
 
@@ -400,7 +400,8 @@ class TransformersEngine:
         self.stats.requests += 1
         gen = None
         if req.params.seed is not None:
-            gen = torch.Generator().manual_seed(int(req.params.seed))
+            # any int seeds (a request's seed + choice index may pass 2**63): reduce it mod 2**64
+            gen = torch.Generator().manual_seed(int(req.params.seed) % 2**64)
         stop_ids = frozenset(req.params.stop_token_ids) | (
             frozenset() if req.params.ignore_eos else self.eos_token_ids
         )
@@ -479,7 +480,7 @@ class TransformersEngine:
         top_k = torch.tensor([p.top_k for p in params], dtype=torch.long)
         top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32)
         logprobs = processed_logprobs(logits.cpu(), temperature, top_k, top_p)
-        greedy = [p.temperature <= 0 for p in params]
+        greedy = [is_greedy(p.temperature) for p in params]
         tokens = sample_rows(logprobs, greedy, [r.generator for r in rows]).tolist()
         for i, row in enumerate(rows):
             tok = tokens[i]

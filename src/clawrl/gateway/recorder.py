@@ -11,6 +11,11 @@ error kind if any. Status and trainability:
 * ``error`` — the engine failed or the prompt did not fit: never trainable (reason ``error``),
   no completion unless tokens were sampled before the failure.
 
+An ``ok`` turn is still untrainable (with its reason) when it was an evaluation request, was
+sampled with top-k / top-p (``truncated_sampling``: its log-probs are of the truncated
+distribution, the trainer's and the OPD teacher's of the full one), or stopped inside an
+unclosed ``<think>`` (``unclosed_reasoning``: a tool call after it never reached the client).
+
 Side calls (:attr:`PreparedCall.side_kind`) are recorded with kind ``side``; messages left out
 of the prompt are listed in ``sampling_params["dropped_messages"]``.
 
@@ -29,6 +34,7 @@ import anyio.to_thread
 
 from clawrl.chat import ParsedCompletion
 from clawrl.engine import FinishReason, SamplingParams
+from clawrl.engine.sampling import is_greedy
 from clawrl.gateway.metrics import Metrics
 from clawrl.gateway.prepare import PreparedCall
 from clawrl.store import (
@@ -152,6 +158,14 @@ def build_turn(ctx: CallContext, choice: ChoiceResult) -> TurnRecord:
         trainable, reason = False, UntrainableReason.NO_COMPLETION.value
     elif ctx.client.get("eval"):
         trainable, reason = False, UntrainableReason.EVAL.value
+    elif truncated_sampling(choice.params):
+        trainable, reason = False, UntrainableReason.TRUNCATED_SAMPLING.value
+    elif (
+        choice.parsed is not None
+        and choice.parsed.reasoning_open
+        and (choice.finish_reason != "length")
+    ):
+        trainable, reason = False, UntrainableReason.UNCLOSED_REASONING.value
     return TurnRecord(
         id=choice.turn_id,
         session_id=p.session_id,
@@ -180,6 +194,15 @@ def build_turn(ctx: CallContext, choice: ChoiceResult) -> TurnRecord:
         created_at=ctx.created_at,
         choice_index=choice.index,
     )
+
+
+def truncated_sampling(params: SamplingParams) -> bool:
+    """Whether the completion was sampled from a top-k / top-p truncated distribution (its
+    sampling log-probs are then not comparable with the trainer's full-vocabulary ones: such
+    turns are recorded, answered, and never trained on). Greedy decoding is not truncation."""
+    if is_greedy(params.temperature):
+        return False
+    return params.top_k > 0 or params.top_p < 1.0
 
 
 def _write(store: Store, turns: list[TurnRecord]) -> None:

@@ -14,6 +14,7 @@ Conventions:
 from __future__ import annotations
 
 import json
+import math
 import secrets
 from typing import Any
 
@@ -31,19 +32,30 @@ def fingerprint(policy_version: int) -> str:
     return f"clawrl-policy-v{policy_version}"
 
 
+LOGPROB_FLOOR = -9999.0
+"""What a log-prob of ``-inf`` (a token top-k / top-p filtered out) is reported as: JSON has no
+infinity, and OpenAI's API reports such tokens as -9999.0."""
+
+
+def finite_logprob(value: float) -> float:
+    """``value``, or :data:`LOGPROB_FLOOR` for ``-inf`` / NaN (never a non-JSON float)."""
+    return value if math.isfinite(value) else LOGPROB_FLOOR
+
+
 def logprob_entry(
     tokenizer: Any, token_id: int, logprob: float, top: list[tuple[int, float]]
 ) -> dict[str, Any]:
-    """One ``logprobs.content`` entry: token text, its log-prob, UTF-8 bytes, alternatives."""
+    """One ``logprobs.content`` entry: token text, its log-prob, UTF-8 bytes, alternatives
+    (non-finite log-probs as :data:`LOGPROB_FLOOR`)."""
     piece = token_piece(tokenizer, token_id)
     return {
         "token": piece,
-        "logprob": float(logprob),
+        "logprob": finite_logprob(float(logprob)),
         "bytes": list(piece.encode("utf-8")),
         "top_logprobs": [
             {
                 "token": (alt := token_piece(tokenizer, tid)),
-                "logprob": float(lp),
+                "logprob": finite_logprob(float(lp)),
                 "bytes": list(alt.encode("utf-8")),
             }
             for tid, lp in top

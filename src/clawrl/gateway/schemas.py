@@ -67,7 +67,7 @@ class ChatCompletionRequest(BaseModel):
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=-1)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)
     logprobs: StrictBool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
     user: str | None = None

@@ -74,6 +74,10 @@ class UntrainableReason(StrEnum):
     LOGPROBS_MISMATCH = "logprobs_mismatch"  # len(sampling_logprobs) != len(completion_ids)
     MARKED_UNTRAINABLE = "marked_untrainable"  # trainable=0 was recorded without a reason
     EVAL = "eval"  # an evaluation request (header X-Clawrl-Eval: 1): measured, never trained
+    TRUNCATED_SAMPLING = "truncated_sampling"  # top_k / top_p: log-probs of a truncated
+    # distribution, while the trainer and the OPD teacher score the full vocabulary
+    UNCLOSED_REASONING = "unclosed_reasoning"  # stopped inside <think>: a tool call or answer
+    # written after it was swallowed into reasoning
 
 
 @dataclass

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from clawrl.engine.sampling import GREEDY_BELOW
 from clawrl.trainer.types import TrainSample
 
 
@@ -103,7 +104,8 @@ def token_logprobs(model: torch.nn.Module, batch: Batch) -> tuple[Tensor, Tensor
     ).logits
     if logits.shape[1] != keep:  # a model that ignores logits_to_keep returns every position
         logits = logits[:, -keep:]
-    temp = torch.where(batch.temperature > 0, batch.temperature, torch.ones_like(batch.temperature))
+    greedy = batch.temperature < GREEDY_BELOW  # as the engine: such rows are scored at 1
+    temp = torch.where(greedy, torch.ones_like(batch.temperature), batch.temperature)
     x = logits[:, :-1, :]
     if x.dtype not in (torch.float32, torch.float64):  # bf16 / fp16 logits: softmax in fp32
         x = x.float()
