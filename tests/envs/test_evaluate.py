@@ -8,8 +8,6 @@ import pytest
 
 from clawrl.cli import main
 from clawrl.envs import (
-    RuleStudent,
-    RuleTeacher,
     evaluate_personalization,
     generate_problems,
     make_user,
@@ -18,8 +16,17 @@ from clawrl.envs import (
 from clawrl.envs.client import EVAL_HEADER
 
 PROBLEMS = generate_problems(10, seed=0)
-AI = "## Answer\n**Final Answer:** 32"  # fails headers, bold, boilerplate: 4/7
-CASUAL = "it's 32"  # passes everything: 7/7
+AI = "## Answer\n**Final Answer:** 32"  # fails headers and boilerplate: 6/8
+CASUAL = "it's 32"  # passes everything: 8/8
+
+
+def _teacher(flaw_rate: float):
+    from clawrl.envs import RuleUser, load_scenario
+
+    spec = load_scenario("teacher")
+    return RuleUser(
+        spec.model_copy(update={"task": spec.task.model_copy(update={"flaw_rate": flaw_rate})})
+    )
 
 
 def by_question(body):
@@ -30,18 +37,18 @@ def by_question(body):
 def test_scores_first_answers_with_the_rubric_and_marks_eval_traffic(fake_openai):
     server = fake_openai(by_question)
     result = evaluate_personalization(server.url, "student", PROBLEMS, concurrency=3)
-    user = RuleStudent()
+    user = make_user("student")
     expected = {}
     for p in PROBLEMS:
         answer = by_question({"messages": [{"content": user.start(p).opening}]})
-        expected[p.id] = 4 / 7 if answer == AI else 1.0
+        expected[p.id] = 6 / 8 if answer == AI else 1.0
     assert result.scores == pytest.approx(expected)
     assert result.mean_score == pytest.approx(sum(expected.values()) / len(PROBLEMS))
     n_ai = sum(1 for v in expected.values() if v < 1)
     assert 0 < n_ai < len(PROBLEMS)
     rates = result.check_pass_rates
-    assert rates["no_bold"] == rates["no_headers"] == pytest.approx(1 - n_ai / len(PROBLEMS))
-    assert rates["within_word_limit"] == rates["gives_answer"] == 1.0
+    assert rates["no_boilerplate"] == rates["no_headers"] == pytest.approx(1 - n_ai / len(PROBLEMS))
+    assert rates["within_word_limit"] == rates["answer_first"] == 1.0
     assert result.satisfied_rate == pytest.approx(1 - n_ai / len(PROBLEMS))
     assert result.policy_versions == [3] and result.n_errors == result.n_unrated == 0
     # guard metrics: no loops; the answer 32 is right only where the problem's answer is 32
@@ -71,7 +78,7 @@ def test_teacher_eval_sampling_seed_and_failures(fake_openai):
 
     server = fake_openai(reply)
     result = evaluate_personalization(
-        server.url, "teacher", PROBLEMS, temperature=0.7, user=RuleTeacher(flaw_rate=0.0)
+        server.url, "teacher", PROBLEMS, temperature=0.7, user=_teacher(flaw_rate=0.0)
     )
     assert result.n_errors == 1 and "HTTP 503: policy is reloading" in result.items[0].error
     assert result.items[0].score is None and len(result.scored) == len(PROBLEMS) - 1
@@ -83,7 +90,7 @@ def test_teacher_eval_sampling_seed_and_failures(fake_openai):
     seeds = [r.body["seed"] for r in server.requests]
     assert len(set(seeds)) == len(PROBLEMS)
     with pytest.raises(ValueError, match="student user cannot evaluate"):
-        evaluate_personalization(server.url, "teacher", PROBLEMS, user=RuleStudent())
+        evaluate_personalization(server.url, "teacher", PROBLEMS, user=make_user("student"))
 
 
 def test_llm_user_ratings_and_unparseable_ones(fake_openai):

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from clawrl.envs import RuleStudent, evaluate_personalization, generate_problems, run_sessions
+from clawrl.envs import evaluate_personalization, generate_problems, make_user, run_sessions
 
 gateway = pytest.importorskip("clawrl.gateway")
 from clawrl.gateway.testing import LiveServer, ScriptedEngine  # noqa: E402
@@ -36,7 +36,7 @@ def serve(engine: Any, tokenizer: Any, path) -> Iterator[tuple[LiveServer, Store
 def test_student_session_through_the_real_gateway(tokenizer, tmp_path):
     engine = ScriptedEngine(tokenizer, ["**Final Answer:** 32", "it's 32 lol", "np!"])
     with serve(engine, tokenizer, tmp_path / "s.db") as (server, store):
-        (log,) = run_sessions(server.url, RuleStudent(), PROBLEMS[:1], max_tokens=64)
+        (log,) = run_sessions(server.url, make_user("student"), PROBLEMS[:1], max_tokens=64)
         assert log.error is None and log.ended and log.satisfied
         assert [t.response for t in log.turns] == ["**Final Answer:** 32", "it's 32 lol", "np!"]
 

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from clawrl.envs import LLMUser, Scenario, generate_problem, make_user
+from clawrl.envs import LLMUser, generate_problem, make_user
 from clawrl.envs.llm_user import STUDENT_PERSONA, parse_rating, teacher_persona
 from clawrl.envs.solutions import make_worked_solution
 from clawrl.errors import ConfigError
@@ -46,7 +46,7 @@ def test_llm_user_against_an_openai_compatible_endpoint(fake_openai):
     ratings = iter(["lose the bold, it looks fake\nRating: 2", "perfect thx\nRating: 9", "hm"])
     server = fake_openai(lambda body: next(ratings))
     user = make_user("student", "llm", user_url=server.url + "/v1", user_model="judge-7b", seed=1)
-    assert isinstance(user, LLMUser) and user.scenario is Scenario.STUDENT
+    assert isinstance(user, LLMUser) and user.scenario == "student"
     task = user.start(generate_problem(0, 0))
     msgs = [{"role": "user", "content": task.opening}]
 

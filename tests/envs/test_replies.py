@@ -7,44 +7,37 @@ import re
 
 import pytest
 
-from clawrl.envs import (
-    RuleStudent,
-    RuleTeacher,
-    StudentCheck,
-    TeacherCheck,
-    generate_problems,
-    student_rubric,
-)
-from clawrl.envs import student as student_mod
-from clawrl.envs import teacher as teacher_mod
-from clawrl.envs.student import student_reply
-from clawrl.envs.teacher import teacher_reply
+from clawrl.envs import RuleUser, generate_problems, load_scenario
 
 PROBLEMS = generate_problems(60, seed=0)
-CHECK_NAMES = [c.value for c in StudentCheck] + [c.value for c in TeacherCheck]
+STUDENT = load_scenario("student")
+TEACHER = load_scenario("teacher")
+CHECK_NAMES = [c.name for c in STUDENT.checks] + [c.name for c in TEACHER.checks]
 PROTOCOL = re.compile(r"\b[a-z]+_[a-z_]+\b|[{}\[\]<>]")
 """Identifiers, unfilled slots, tags: none belongs in a user's message."""
 
 # A response that fails exactly one student check each (and passes the others).
 STUDENT_FAILING = {
-    StudentCheck.NO_BOLD: "it's **32** lol",
-    StudentCheck.NO_HEADERS: "# Answer\nit's 32",
-    StudentCheck.NO_NUMBERED_STEPS: "1. 48-16\n2. so 32",
-    StudentCheck.NO_BOILERPLATE: "Final answer: 32",
-    StudentCheck.SHORT: "it's 32 " + "yeah " * 70,
-    StudentCheck.CASUAL: "Thus it is 32.",
-    StudentCheck.GIVES_ANSWER: "no clue",
+    "within_word_limit": "32, " + "yeah " * 70,
+    "few_sentences": "32. ok. sure. yes. right.",
+    "answer_first": "she used sixteen of forty eight so thirty two left over for her, 32",
+    "no_boilerplate": "32. i hope this helps",
+    "casual_tone": "32, thus she has 32 left",
+    "no_we": "32, let's see, she used 16",
+    "no_headers": "32\n# eggs",
+    "no_restating": "To find it: 32 left",
 }
 
 
-def _student_texts(check: StudentCheck, seeds: range) -> set[str]:
-    rubric = student_rubric()
+def _student_texts(check: str, seeds: range) -> set[str]:
     out = set()
     for seed in seeds:
+        user = RuleUser(STUDENT, seed=seed)
         for p in PROBLEMS[:5]:
-            result = rubric.evaluate(STUDENT_FAILING[check], p)
-            assert result.failed == (check.value,)
-            out.add(student_reply(result, key=f"student:{seed}:{p.id}", turn=0))
+            task = user.start(p)
+            result = user.evaluate(task, STUDENT_FAILING[check])
+            assert result.failed == (check,), (check, result.failed)
+            out.add(user.reply(result, task, turn=0))
     return out
 
 
@@ -54,74 +47,79 @@ def _assert_natural(text: str) -> None:
     assert not PROTOCOL.search(text), text
 
 
-@pytest.mark.parametrize("check", list(StudentCheck))
+@pytest.mark.parametrize("check", [c.name for c in STUDENT.checks])
 def test_student_complaints_vary_and_read_as_language(check):
     texts = _student_texts(check, range(8))
     assert len(texts) >= 10, texts
     for t in texts:
         _assert_natural(t)
-    bank = student_mod.COMPLAINTS[check]
-    assert len(set(bank)) >= 10
+    assert len(set(STUDENT.check(check).complaints)) >= 10
 
 
 def test_student_complaints_quote_evidence_and_thanks_vary():
-    texts = _student_texts(StudentCheck.NO_BOILERPLATE, range(8))
-    assert any('"Final answer"' in t for t in texts)
-    rubric = student_rubric()
-    ok = rubric.evaluate("it's 32, she used 16 of 48", PROBLEMS[0])
-    thanks = {student_reply(ok, key=f"k{i}", turn=0) for i in range(60)}
+    texts = _student_texts("no_boilerplate", range(8))
+    assert any('"i hope this helps"' in t.lower() for t in texts)
+    user = RuleUser(STUDENT)
+    thanks = set()
+    for i in range(60):
+        task = user.start(PROBLEMS[i % 60])
+        ok = user.evaluate(task, "it's 32, she used 16 of 48")
+        assert ok.satisfied
+        thanks.add(user.reply(ok, task, turn=i % 3))
     assert len(thanks) >= 10
     for t in thanks:
         _assert_natural(t)
-    assert all(
-        t.lower() not in {x.lower() for x in thanks}
-        for t in _student_texts(StudentCheck.NO_BOLD, range(2))
-    )
 
 
 def test_student_reply_is_deterministic_and_mentions_at_most_three_things():
-    rubric = student_rubric()
-    ai = "## Solution\n1. **Step 1:** Therefore 48-16\n2. 32\n" + "words " * 80
-    result = rubric.evaluate(ai, PROBLEMS[0])
-    assert len(result.failed) == 6
-    a = student_reply(result, key="k", turn=0)
-    assert a == student_reply(result, key="k", turn=0)
-    assert a != student_reply(result, key="k", turn=1)
-    bank_hits = sum(
-        any(p.split("{")[0][:20].lower() in a.lower() for p in student_mod.COMPLAINTS[c])
-        for c in StudentCheck
-    )
-    assert 1 <= bank_hits <= 3
+    user = RuleUser(STUDENT)
+    task = user.start(PROBLEMS[0])
+    ai = "## Solution\nTo find it, we need 48-16. Therefore. " + "words " * 80
+    result = user.evaluate(task, ai)
+    assert len(result.failed) >= 5
+    a = user.reply(result, task, turn=0)
+    assert a == user.reply(result, task, turn=0)
+    assert a != user.reply(result, task, turn=1)
+
+    def said(phrase: str) -> bool:
+        head = phrase.split("{")[0][:20].lower()
+        return len(head) >= 8 and head in a.lower()
+
+    hits = sum(any(said(p) for p in STUDENT.check(c).complaints) for c in result.failed)
+    assert 1 <= hits <= 3
 
 
 def test_still_and_sign_off_variants():
-    rubric = student_rubric()
-    bold = rubric.evaluate("it's **32**", PROBLEMS[0])
-    stills = {
-        student_reply(bold, key=f"k{i}", turn=1, previous_failed=("no_bold",)) for i in range(40)
-    }
-    assert sum(any(s in t.lower() for s in student_mod.STILL) for t in stills) == len(stills)
-    finals = {student_reply(bold, key=f"k{i}", turn=7, final=True) for i in range(40)}
-    assert all(any(s.lower() in t.lower() for s in student_mod.SIGN_OFFS) for t in finals)
+    user = RuleUser(STUDENT)
+    stills, finals = set(), set()
+    for p in PROBLEMS[:40]:
+        task = user.start(p)
+        bad = user.evaluate(task, STUDENT_FAILING["no_we"])
+        stills.add(user.reply(bad, task, turn=1, previous_failed=("no_we",)))
+        finals.add(user.reply(bad, task, turn=7, final=True))
+    still = STUDENT.replies.still
+    assert all(any(s in t.lower() for s in still) for t in stills)
+    assert all(any(s.lower() in t.lower() for s in STUDENT.replies.sign_offs) for t in finals)
     assert len(finals) >= 10
 
 
 def test_student_session_logic():
-    user = RuleStudent(seed=3)
+    user = RuleUser(STUDENT, seed=3)
     task = user.start(PROBLEMS[0])
     assert PROBLEMS[0].question in task.opening
     openings = {
-        RuleStudent(seed=s).start(p).opening.replace(p.question, "Q")
+        RuleUser(STUDENT, seed=s).start(p).opening.replace(p.question, "Q")
         for s in range(4)
         for p in PROBLEMS[:10]
     }
     assert len(openings) >= 10
     msgs = [{"role": "user", "content": task.opening}]
-    bad = asyncio.run(user.respond(task, msgs, "**32**", turn=0, final=False))
-    assert not bad.done and bad.assessment.reward == -1 and bad.assessment.failed == ("no_bold",)
+    bad = asyncio.run(user.respond(task, msgs, "# 32", turn=0, final=False))
+    assert not bad.done and bad.assessment.reward == -1
+    assert bad.assessment.failed == ("no_headers",)
     good = asyncio.run(user.respond(task, msgs, "it's 32", turn=1, final=False))
     assert good.done and good.assessment.reward == 1 and good.assessment.score == 1.0
-    last = asyncio.run(user.respond(task, msgs, "**32**", turn=7, final=True))
+    last = asyncio.run(user.respond(task, msgs, "# 32", turn=7, final=True))
     assert last.done and last.assessment.reward == -1
 
 
@@ -129,20 +127,21 @@ def test_student_session_logic():
 
 
 def _flawed_works():
-    user = RuleTeacher(seed=0, flaw_rate=1.0)
+    spec = TEACHER.model_copy(update={"task": TEACHER.task.model_copy(update={"flaw_rate": 1.0})})
+    user = RuleUser(spec, seed=0)
     return user, [user.start(p) for p in PROBLEMS[:12]]
 
 
 TEACHER_FAILING = {
-    TeacherCheck.PRAISE: "In step {step}, it should be {right}, not {wrong}.",
-    TeacherCheck.NAMES_FIX: "Great work with {answer}!",
-    TeacherCheck.FRIENDLY: "Good start, but careless: step {step} should be {right}.",
-    TeacherCheck.SPECIFIC: "Good effort! Step {step} has a slip, check it.",
-    TeacherCheck.CONCISE: "Good job, step {step} should be {right}. " + "Keep going. " * 60,
+    "praises_work": "In step {step}, it should be {right}, not {wrong}.",
+    "names_fix": "Great work with {answer}!",
+    "friendly_tone": "Good start, but careless: step {step} should be {right}.",
+    "cites_numbers": "Good effort! Step {step} has a slip, check it.",
+    "within_word_limit": "Good job, step {step} should be {right}. " + "Keep going. " * 60,
 }
 
 
-@pytest.mark.parametrize("check", list(TeacherCheck))
+@pytest.mark.parametrize("check", list(TEACHER_FAILING))
 def test_teacher_complaints_vary_and_read_as_language(check):
     user, tasks = _flawed_works()
     texts = set()
@@ -152,13 +151,13 @@ def test_teacher_complaints_vary_and_read_as_language(check):
             step=f.step, right=f.right_value, wrong=f.wrong_value, answer=task.context.answer
         )
         result = user.evaluate(task, comment)
-        assert result.failed == (check.value,), (comment, result.failed)
+        assert result.failed == (check,), (comment, result.failed)
         for turn in range(2):
-            texts.add(teacher_reply(result, task.context, key=task.key, turn=turn))
+            texts.add(user.reply(result, task, turn=turn))
     assert len(texts) >= 10
     for t in texts:
         _assert_natural(t)
-    if check is TeacherCheck.NAMES_FIX:  # it tells the grader where the slip is
+    if check == "names_fix":  # it tells the grader where the slip is
         assert any(f"step {task.context.flaw.step}" in t for t in texts for task in tasks)
 
 
@@ -171,11 +170,9 @@ def test_teacher_thanks_vary_and_end_the_session():
         reply = asyncio.run(user.respond(task, [], comment, turn=0, final=False))
         assert reply.done and reply.assessment.satisfied, (comment, reply.assessment.failed)
         thanks.add(reply.text)
-        thanks |= {
-            teacher_reply(user.evaluate(task, comment), task.context, key=f"{i}", turn=0)
-            for i in range(5)
-        }
+        for i in range(5):
+            thanks.add(user.reply(user.evaluate(task, comment), task, turn=i))
     assert len(thanks) >= 10
     for t in thanks:
         _assert_natural(t)
-    assert len(set(teacher_mod.THANKS)) >= 10
+    assert len(set(TEACHER.replies.thanks)) >= 10

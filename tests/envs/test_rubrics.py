@@ -1,97 +1,96 @@
-"""The student's and the teacher's rubric checks on crafted responses."""
+"""The check kinds on crafted responses, and the built-in scenarios' rubrics."""
 
 from __future__ import annotations
 
 import pytest
+from pydantic import TypeAdapter
 
-from clawrl.envs import (
-    Problem,
-    RuleTeacher,
-    StudentCheck,
-    TeacherCheck,
-    generate_problem,
-    make_worked_solution,
-    student_rubric,
-    teacher_rubric,
-)
+from clawrl.envs import Problem, RuleUser, generate_problem, load_scenario, make_worked_solution
+from clawrl.envs.checks import CheckKind, build_check, sentence_count
 from clawrl.envs.rubric import Check, Rubric
 
 PROBLEM = generate_problem(0, 0)
-S = StudentCheck
-AI_STYLE = """## Solution
-
-To solve this problem, let's break it down step by step.
-
-1. **Eggs used:** 4 x 4 = 16
-2. **Eggs bought:** 4 x 12 = 48
-
-Therefore, 48 - 16 = 32.
-
-**Final Answer:** 32"""
+KIND = TypeAdapter(CheckKind)
+BOILERPLATE = load_scenario("student").check("no_boilerplate").rule.patterns
+CASUAL = load_scenario("student").check("casual_tone").rule.patterns
 
 
-def _student(response: str, max_words: int = 60):
-    return student_rubric(max_words).evaluate(response, PROBLEM)
+def run(kind: dict, response: str, context=None):
+    return build_check("c", "", KIND.validate_python(kind)).fn(response, context)
 
 
 @pytest.mark.parametrize(
-    ("response", "failed", "evidence"),
+    ("kind", "response", "passed", "evidence"),
     [
-        ("she uses 16 eggs and had 48, so there's 32 left", (), {}),
-        ("it's **32** eggs", (S.NO_BOLD,), {S.NO_BOLD: "32"}),
-        ("it's __32__ eggs", (S.NO_BOLD,), {S.NO_BOLD: "32"}),
-        ("32 eggs **", (S.NO_BOLD,), {S.NO_BOLD: "**"}),
-        ("# Eggs\n32 left", (S.NO_HEADERS,), {S.NO_HEADERS: "Eggs"}),
-        ("Eggs left\n=====\n32", (S.NO_HEADERS,), {S.NO_HEADERS: "Eggs left"}),
-        ("1. use 16\n2. 48-16 = 32", (S.NO_NUMBERED_STEPS,), {S.NO_NUMBERED_STEPS: "1. use 16"}),
-        ("(1) use 16, 32 left", (S.NO_NUMBERED_STEPS,), {}),
-        ("Final answer: 32", (S.NO_BOILERPLATE,), {S.NO_BOILERPLATE: "Final answer"}),
-        ("To solve this problem, take 48-16=32", (S.NO_BOILERPLATE,), {}),
-        ("Step 1 is 16, then 32", (S.NO_BOILERPLATE,), {S.NO_BOILERPLATE: "Step 1"}),
-        ("32. I hope this helps!", (S.NO_BOILERPLATE,), {S.NO_BOILERPLATE: "I hope this helps"}),
-        ("2) 16 used\n3) 32 left", (S.NO_NUMBERED_STEPS,), {S.NO_NUMBERED_STEPS: "2) 16 used"}),
-        ("the answer is \\boxed{32}", (S.NO_BOILERPLATE,), {S.NO_BOILERPLATE: "\\boxed"}),
-        ("1. it's 32", (S.NO_NUMBERED_STEPS,), {}),
-        ("Therefore, 32 eggs remain.", (S.CASUAL,), {S.CASUAL: "Therefore"}),
-        ("We can calculate 48-16=32", (S.CASUAL,), {S.CASUAL: "We can calculate"}),
-        ("it is \\(48-16=32\\)", (S.CASUAL,), {}),
-        ("no idea sorry", (S.GIVES_ANSWER,), {}),
-        ("", (S.GIVES_ANSWER,), {}),
-        # lookalikes that are fine: a decimal is not a list, "steps" in prose is not "Step 1"
-        ("3.5 times, nah it's 32, just a few steps", (), {}),
-        ("she has 48 and uses 16 so 32 #nice", (), {}),
+        ({"kind": "no_bold"}, "it's **32** eggs", False, "32"),
+        ({"kind": "no_bold"}, "it's __32__ eggs", False, "32"),
+        ({"kind": "no_bold"}, "32 eggs **", False, "**"),
+        ({"kind": "no_bold"}, "she has 32", True, None),
+        ({"kind": "no_headers"}, "# Eggs\n32 left", False, "Eggs"),
+        ({"kind": "no_headers"}, "Eggs left\n=====\n32", False, "Eggs left"),
+        ({"kind": "no_headers"}, "#### 2", False, "2"),
+        ({"kind": "no_headers"}, "she has 48 and uses 16 so 32 #nice", True, None),
+        ({"kind": "no_numbered_list"}, "1. use 16\n2. 48-16 = 32", False, "1. use 16"),
+        ({"kind": "no_numbered_list"}, "2) 16 used\n3) 32 left", False, "2) 16 used"),
+        ({"kind": "no_numbered_list"}, "1. it's 32", False, "1. it's 32"),
+        ({"kind": "no_numbered_list"}, "3.5 times, nah it's 32", True, None),
+        ({"kind": "no_bullets"}, "- 16 used\n- 32 left", False, "- 16 used"),
+        ({"kind": "no_markdown"}, "the answer is \\boxed{32}", False, "\\boxed"),
+        ({"kind": "no_markdown"}, "```\n32\n```", False, "```"),
+        ({"kind": "no_markdown"}, "plain 32", True, None),
+        ({"kind": "pattern_absent", "patterns": BOILERPLATE}, "Final answer: 32", False,
+         "Final answer"),
+        ({"kind": "pattern_absent", "patterns": BOILERPLATE}, "Step 1 is 16", False, "Step 1"),
+        ({"kind": "pattern_absent", "patterns": BOILERPLATE}, "32. I hope this helps!", False,
+         "I hope this helps"),
+        ({"kind": "pattern_absent", "patterns": BOILERPLATE}, "just a few steps, 32", True, None),
+        ({"kind": "pattern_absent", "patterns": CASUAL}, "Therefore, 32 eggs.", False,
+         "Therefore"),
+        ({"kind": "pattern_absent", "patterns": CASUAL}, "We can calculate 48-16=32", False,
+         "We can calculate"),
+        ({"kind": "pattern_present", "patterns": ["eggs?"]}, "32 eggs", True, None),
+        ({"kind": "max_words", "limit": 3}, "one two three four", False, "4"),
+        ({"kind": "max_words", "limit": 3}, "one two three", True, "3"),
+        ({"kind": "max_sentences", "limit": 2}, "It is 32. She had 48. So yes!", False, "3"),
+        ({"kind": "number_first", "words": 4}, "It is 32 eggs.", True, None),
+        ({"kind": "number_first", "words": 4}, "To find the eggs we get 32", False,
+         "To find the eggs we"),
+        ({"kind": "starts_with", "prefixes": ["it's"]}, "It's 32", True, None),
+        ({"kind": "ends_with", "suffixes": ["eggs."]}, "32 eggs.", True, None),
+        ({"kind": "states_number"}, "no idea sorry", False, None),
+        ({"kind": "states_number"}, "", False, None),
     ],
-)
-def test_student_checks(response, failed, evidence):
-    r = _student(response)
-    assert set(r.failed) == {f.value for f in failed}
-    for name, found in evidence.items():
-        assert r.result(name.value).evidence == found
-    assert r.score == pytest.approx(1 - len(failed) / 7)
-    assert r.satisfied is (not failed)
+)  # fmt: skip
+def test_check_kinds(kind, response, passed, evidence):
+    got_passed, got_evidence = run(kind, response)
+    assert got_passed is passed
+    if evidence is not None or not passed:
+        assert got_evidence == evidence
 
 
-def test_student_length_and_the_typical_ai_answer():
-    long = " ".join(["word"] * 60) + " 32"
-    assert _student(long).failed == ("within_word_limit",)
-    assert _student(long).result("within_word_limit").evidence == "61"
-    assert _student(long, max_words=100).satisfied
-    r = _student(AI_STYLE)
-    assert set(r.failed) == {
-        "no_bold",
-        "no_headers",
-        "no_numbered_steps",
-        "no_boilerplate",
-        "casual_tone",
-    }
-    assert r.score == pytest.approx(2 / 7)
+def test_sentence_count():
+    assert sentence_count("It is 32. She had 48! Right?") == 3
+    assert sentence_count("1. a\n2. b\n3. c") == 3
+    assert sentence_count("no punctuation at all") == 1
+    assert sentence_count("3.5 eggs. ok") == 2
+
+
+def test_student_rubric_on_the_typical_ai_answer():
+    user = RuleUser(load_scenario("student"))
+    ai = ("## Solution\n\nTo find the eggs left, we need to calculate 48 - 16.\n\n"
+          "Therefore, the answer is 32.\n\n**Final Answer:** 32")  # fmt: skip
+    r = user.rubric.evaluate(ai, PROBLEM)
+    # "48" among its first words passes answer_first: a number up front, right or not
+    assert set(r.failed) == {"few_sentences", "no_boilerplate", "casual_tone", "no_we",
+                             "no_headers"}  # fmt: skip
+    restating = user.rubric.evaluate("To find the eggs left, take 48 - 16 = 32.", PROBLEM)
+    assert restating.failed == ("no_restating",)
     assert r.result("no_headers").evidence == "Solution"
-    assert r.result("no_boilerplate").evidence == "To solve this problem"
+    ok = user.rubric.evaluate("32, since she used 16 of her 48 eggs lol", PROBLEM)
+    assert ok.satisfied and ok.score == 1.0
 
 
-# --- teacher ---------------------------------------------------------------------------------
-
-T = TeacherCheck
+# --- grading kinds (the teacher) -------------------------------------------------------------
 
 
 def _work(flawed: bool):
@@ -107,51 +106,56 @@ def test_flawed_work_fixture_is_what_the_comments_below_assume():
     assert w.answer == "278"
 
 
+TEACHER = RuleUser(load_scenario("teacher"))
+
+
 @pytest.mark.parametrize(
     ("comment", "failed"),
     [
-        (
-            "Nice setup! In step 1, 20 x 3 should be 60, not 58, so the rest is off by a bit.",
-            (),
-        ),
+        ("Nice setup! In step 1, 20 x 3 should be 60, not 58, so the rest is off by a bit.", ()),
         ("Great work multiplying by 6! Check the first step again: 20 x 3 is 60.", ()),
         ("Good effort, but recheck: 58 should be 60.", ()),
-        ("In step 1, 20 x 3 should be 60, not 58.", (T.PRAISE,)),
-        ("Well done using 6 days!", (T.NAMES_FIX,)),
-        ("Step 1 is 58, nice.", (T.NAMES_FIX,)),  # points at it but never says to fix it
-        ("This is not good. Step 1 should be 60.", (T.PRAISE,)),  # "not good" is no praise
-        ("Not very careful: step 1 should be 60.", (T.PRAISE,)),
+        ("In step 1, 20 x 3 should be 60, not 58.", ("praises_work",)),
+        ("Well done using 6 days!", ("names_fix",)),
+        ("Step 1 is 58, nice.", ("names_fix",)),  # points at it but never says to fix it
+        ("This is not good. Step 1 should be 60.", ("praises_work",)),  # "not good": no praise
+        ("Not very careful: step 1 should be 60.", ("praises_work",)),
         ("No rush, great setup! Step 1 should be 60.", ()),
-        ("Nice try, but this is careless: step 1 should be 60.", (T.FRIENDLY,)),
-        (
-            "Good job! One step has a small mistake, check your multiplication.",
-            (T.SPECIFIC, T.NAMES_FIX),
-        ),
-        ("Good job! Step 1 has a small mistake; check it.", (T.SPECIFIC,)),  # "1" is a step ref
+        ("Nice try, but this is careless: step 1 should be 60.", ("friendly_tone",)),
+        ("Good job! One step has a small mistake, check your multiplication.",
+         ("cites_numbers", "names_fix")),
+        ("Good job! Step 1 has a small mistake; check it.", ("cites_numbers",)),
     ],
-)
+)  # fmt: skip
 def test_teacher_checks_on_flawed_work(comment, failed):
-    r = teacher_rubric().evaluate(comment, _work(True))
-    assert set(r.failed) == {f.value for f in failed}
+    r = TEACHER.rubric.evaluate(comment, _work(True))
+    assert set(r.failed) == set(failed)
     assert r.score == pytest.approx(1 - len(failed) / 5)
 
 
 def test_teacher_checks_on_correct_work_and_length():
     w = _work(False)
-    r = teacher_rubric().evaluate("Great job, 360 - 70 = 290 is exactly right!", w)
+    r = TEACHER.rubric.evaluate("Great job, 360 - 70 = 290 is exactly right!", w)
     assert r.satisfied and r.result("names_fix").passed is None
     assert "names_fix" not in r.passed and r.score == 1.0
-    r = teacher_rubric().evaluate("Terrible. Wrong.", w)
+    r = TEACHER.rubric.evaluate("Terrible. Wrong.", w)
     assert set(r.failed) == {"praises_work", "friendly_tone", "cites_numbers"}
     assert r.result("friendly_tone").evidence == "Terrible"
     assert r.score == pytest.approx(1 / 4)  # concise passes; names_fix does not apply
     long = "Great job with 290! " + "You did it. " * 50
-    assert teacher_rubric().evaluate(long, w).failed == ("within_word_limit",)
-    assert teacher_rubric(max_words=200).evaluate(long, w).satisfied
+    assert TEACHER.rubric.evaluate(long, w).failed == ("within_word_limit",)
+
+
+def test_grading_kinds_do_not_apply_without_work():
+    for kind in ("praises_work", "names_fix", "cites_work"):
+        assert run({"kind": kind}, "Great job!", PROBLEM) == (None, None)
 
 
 def test_teacher_task_opening_shows_the_work():
-    user = RuleTeacher(seed=0, flaw_rate=1.0)
+    spec = load_scenario("teacher")
+    user = RuleUser(
+        spec.model_copy(update={"task": spec.task.model_copy(update={"flaw_rate": 1.0})})
+    )
     task = user.start(generate_problem(0, 2))
     assert "Step 1: Each day: 20 x 3 = 58 dollars." in task.opening
     assert task.opening.rstrip().endswith("Answer: 278")

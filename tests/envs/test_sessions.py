@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from clawrl.envs import RuleStudent, RuleTeacher, generate_problems, run_sessions
+from clawrl.envs import generate_problems, make_user, run_sessions
 from clawrl.envs.client import EVAL_HEADER
 
 PROBLEMS = generate_problems(6, seed=0)
@@ -18,20 +18,21 @@ def _turn(body) -> int:
 
 
 def improving(body):
-    """Bold + boilerplate first, then a heading, then a casual answer."""
-    return ["**Final Answer:** 32", "## Eggs\nit's 32", "it's 32, easy"][min(_turn(body), 2)]
+    """Boilerplate and "we" first, then a heading, then a casual answer."""
+    answers = ["32, we got the final answer", "## Eggs\nit's 32", "it's 32, easy"]
+    return answers[min(_turn(body), 2)]
 
 
 def test_multi_turn_session_until_the_student_is_satisfied(fake_openai):
     server = fake_openai(improving)
-    (log,) = run_sessions(server.url, RuleStudent(seed=0), PROBLEMS[:1], temperature=0.5)
+    (log,) = run_sessions(server.url, make_user("student", seed=0), PROBLEMS[:1], temperature=0.5)
     sid = log.session_id
     assert sid.startswith("sim-student-") and sid.endswith(PROBLEMS[0].id)
     assert log.error is None and log.ended and log.satisfied
 
     # three judged answers, then the closing call that carries the thanks
     assert [t.assessment.reward for t in log.judged_turns] == [-1, -1, 1]
-    assert log.judged_turns[0].assessment.failed == ("no_bold", "no_boilerplate")
+    assert log.judged_turns[0].assessment.failed == ("no_boilerplate", "no_we")
     assert log.judged_turns[1].assessment.failed == ("no_headers",)
     assert len(log.turns) == 4 and log.turns[-1].closing
     assert log.turns[-1].user_message == log.turns[2].reply
@@ -62,12 +63,12 @@ def test_multi_turn_session_until_the_student_is_satisfied(fake_openai):
     assert list(truth) == [t.turn_id for t in log.judged_turns]
     assert [a.reward for a in truth.values()] == [-1, -1, 1]
     assert all(t.policy_version == 3 for t in log.turns)
-    assert log.to_dict()["turns"][0]["assessment"]["failed"] == ["no_bold", "no_boilerplate"]
+    assert log.to_dict()["turns"][0]["assessment"]["failed"] == ["no_boilerplate", "no_we"]
 
 
 def test_max_turns_caps_an_unsatisfied_session_and_it_signs_off(fake_openai):
-    server = fake_openai(lambda body: "**32**")
-    (log,) = run_sessions(server.url + "/v1", RuleStudent(), PROBLEMS[:1], max_turns=3)
+    server = fake_openai(lambda body: "# 32")
+    (log,) = run_sessions(server.url + "/v1", make_user("student"), PROBLEMS[:1], max_turns=3)
     assert len(log.judged_turns) == 3 and not log.satisfied and log.ended
     assert all(t.assessment.reward == -1 for t in log.judged_turns)
     replies = [t.reply for t in log.judged_turns]
@@ -77,7 +78,7 @@ def test_max_turns_caps_an_unsatisfied_session_and_it_signs_off(fake_openai):
 
 def test_without_closing_call(fake_openai):
     server = fake_openai(lambda body: "it's 32")
-    (log,) = run_sessions(server.url, RuleStudent(), PROBLEMS[:1], closing_call=False)
+    (log,) = run_sessions(server.url, make_user("student"), PROBLEMS[:1], closing_call=False)
     assert len(log.turns) == 1 and log.satisfied and log.ended and not log.turns[0].closing
     assert len(server.chats()) == 1 and len(server.ended) == 1
 
@@ -86,7 +87,7 @@ def test_concurrent_sessions_progress_and_stop(fake_openai):
     server = fake_openai(improving)
     seen = []
     logs = run_sessions(
-        server.url, RuleTeacher(seed=1), PROBLEMS, concurrency=3, progress=seen.append
+        server.url, make_user("teacher", seed=1), PROBLEMS, concurrency=3, progress=seen.append
     )
     assert len(logs) == 6 and sorted(seen, key=id) == sorted(logs, key=id)
     assert [log.problem_id for log in logs] == [p.id for p in PROBLEMS]
@@ -101,7 +102,7 @@ def test_concurrent_sessions_progress_and_stop(fake_openai):
     started = []
     logs = run_sessions(
         server.url,
-        RuleStudent(),
+        make_user("student"),
         PROBLEMS,
         concurrency=1,
         progress=started.append,
@@ -117,7 +118,7 @@ def test_failed_calls_are_recorded_per_session(fake_openai):
         return "**Final Answer:** 32"
 
     server = fake_openai(flaky)
-    logs = run_sessions(server.url, RuleStudent(), PROBLEMS[:2], concurrency=2)
+    logs = run_sessions(server.url, make_user("student"), PROBLEMS[:2], concurrency=2)
     for log in logs:
         assert len(log.turns) == 1 and log.ended
         assert "HTTP 500: engine exploded" in log.error and log.session_id in log.error
@@ -127,11 +128,13 @@ def test_unreachable_gateway_and_bad_arguments():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    (log,) = run_sessions(f"http://127.0.0.1:{port}", RuleStudent(), PROBLEMS[:1], timeout_s=5)
+    (log,) = run_sessions(
+        f"http://127.0.0.1:{port}", make_user("student"), PROBLEMS[:1], timeout_s=5
+    )
     assert "cannot connect" in log.error and not log.turns and not log.ended
     with pytest.raises(ValueError, match="reserved"):
-        run_sessions("http://x", RuleStudent(), [], session_prefix="eval-x")
+        run_sessions("http://x", make_user("student"), [], session_prefix="eval-x")
     with pytest.raises(ValueError, match="concurrency"):
-        run_sessions("http://x", RuleStudent(), [], concurrency=0)
+        run_sessions("http://x", make_user("student"), [], concurrency=0)
     with pytest.raises(ValueError, match="http"):
-        run_sessions("localhost:1", RuleStudent(), [])
+        run_sessions("localhost:1", make_user("student"), [])

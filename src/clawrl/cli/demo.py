@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from typing import Any
 
@@ -15,35 +16,43 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="the main job: a simulated user teaches the policy its preferences online",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="""\
-Reproduce OpenClaw-RL's personalization experiment on the embedded model, end to end:
-start the gateway with the online loop (PRM judge + trainer), score the policy's first answer
-to held-out problems with the simulated user's rubric (version 0), let the simulated user talk
-to it while it trains, and score it again after 8 and 16 steps. The student wants answers that
-do not look AI-written (no bold, headers, numbered steps or boilerplate; short and casual); the
-teacher wants specific, friendly grading comments.
+Reproduce OpenClaw-RL's personalization experiment on the embedded model, end to end: start
+the gateway with the online loop (PRM judge + trainer), score the policy's first answer to
+held-out problems with the scenario's rubric (version 0), let the simulated user talk to it
+while it trains, and score it again after 8 and 16 steps. The student wants homework answers
+that do not look AI-written (the number first, a few casual sentences, no textbook phrasing);
+the teacher wants specific, friendly grading comments. Any scenario file (TOML, see
+clawrl.envs.scenario) works with --scenario FILE.
 
-Writes demo-report/: report.md (the table), scores.png, training.png, config.toml,
-results.json, and each run's store, checkpoints and metrics under runs/.""",
-        epilog="examples:\n  clawrl demo                      # student, combined method\n"
-        "  clawrl demo --quick              # a 4-step first look (~5 min)\n"
-        "  clawrl demo teacher --compare rl,opd,combine",
+Writes demo-report/: report.md (scores with 95% intervals, each check, guards, sessions to
+converge, the judge's agreement, examples before and after), scores.png, training.png,
+config.toml (what ran), results.json, and each run's store and trained adapter under runs/.""",
+        epilog="examples:\n  clawrl demo                          # student, combined method\n"
+        "  clawrl demo --quick                  # a 4-step first look\n"
+        "  clawrl demo --compare rl,opd,combine --seeds 3\n"
+        "  clawrl demo teacher\n"
+        "  clawrl demo --scenario my_scenario.toml",
     )
-    p.add_argument("scenario", nargs="?", default="student", choices=["student", "teacher"])
+    p.add_argument("scenario", nargs="?", default="student",
+                   help="student (default), teacher, or a scenario file")  # fmt: skip
+    p.add_argument("--scenario", dest="scenario_file", metavar="FILE",
+                   help="a scenario file (same as the positional argument)")  # fmt: skip
     p.add_argument("--method", default="combine", choices=["rl", "opd", "combine"],
                    help="training method (default combine = Binary RL + OPD)")  # fmt: skip
     p.add_argument("--compare", metavar="M1,M2,...",
                    help="run several methods from the same start, e.g. rl,opd,combine")  # fmt: skip
+    p.add_argument("--seeds", type=int, default=1, help="repeat every run from seeds 0..K-1 (1)")
     p.add_argument("--steps", type=int, default=16, help="training steps (16)")
     p.add_argument("--batch-size", type=int, default=4,
                    help="samples per step (4 here to fit a laptop CPU; OpenClaw-RL uses 16)")  # fmt: skip
-    p.add_argument("--eval-problems", type=int, default=50, help="held-out problems (50)")
-    p.add_argument("--max-tokens", type=int, default=64, help="tokens per answer (64)")
+    p.add_argument("--eval-problems", type=int, help="held-out problems (the scenario's: 50)")
+    p.add_argument("--max-tokens", type=int, help="tokens per answer (the scenario's: 256)")
     p.add_argument("--concurrency", type=int, default=4, help="simulated sessions at once (4)")
-    p.add_argument("--dataset", help="GSM8K-format JSONL (default: built-in generated problems)")
+    p.add_argument("--dataset", help="GSM8K-format JSONL (default: the scenario's problems)")
     p.add_argument("--out", default="demo-report", help="report directory (demo-report)")
     p.add_argument("--quick", action="store_true",
                    help="a first look: 4 steps of 2 samples, evaluated at 0, 2, 4 on 20 problems")  # fmt: skip
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="the first seed (0)")
     add_config_options(p)
     p.set_defaults(func=run)
 
@@ -53,13 +62,23 @@ def run(args: argparse.Namespace) -> int:
     import logging
 
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     from clawrl.demo import DemoSettings, run_demo, write_report
     from clawrl.demo.report import METHOD_NAMES, score_table
+    from clawrl.envs import load_scenario
 
     logging.getLogger("clawrl").setLevel(logging.ERROR)
     cfg = config_from_args(args)
+    scenario = args.scenario_file or args.scenario
+    spec = load_scenario(scenario)  # a malformed file fails here, before any model loads
     methods = tuple(m.strip() for m in (args.compare or args.method).split(",") if m.strip())
     bad = [m for m in methods if m not in METHOD_NAMES]
     if bad:
@@ -68,49 +87,68 @@ def run(args: argparse.Namespace) -> int:
     evals = (0, steps // 2, steps)
     if args.quick:
         steps, batch, problems, evals = 4, 2, 20, (0, 2, 4)
+    seeds = tuple(range(args.seed, args.seed + max(1, args.seeds)))
     settings = DemoSettings(
-        scenario=args.scenario, methods=methods, steps=steps, eval_steps=evals,
+        scenario=scenario, methods=methods, seeds=seeds, steps=steps, eval_steps=evals,
         batch_size=batch, eval_problems=problems, max_tokens=args.max_tokens,
-        concurrency=args.concurrency, dataset=args.dataset, out_dir=args.out, seed=args.seed,
+        concurrency=args.concurrency, dataset=args.dataset, out_dir=args.out,
     )  # fmt: skip
     console = Console()
+    tty = console.is_terminal
+    runs = len(methods) * len(seeds)
     console.print(
-        f"[bold]clawrl demo[/]: {args.scenario} scenario, methods {', '.join(methods)}, "
-        f"{steps} steps x {batch} samples, eval on {problems} held-out problems at steps "
+        f"[bold]clawrl demo[/]: {spec.name} scenario, methods {', '.join(methods)}, "
+        f"seeds {', '.join(map(str, seeds))}, {steps} steps x {batch} samples, answers of "
+        f"{args.max_tokens or spec.answer.max_tokens} tokens, eval on "
+        f"{problems or spec.problems.held_out} held-out problems at steps "
         f"{', '.join(map(str, evals))}"
     )
     t0 = time.perf_counter()
     with Progress(
-        TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
-        TimeElapsedColumn(), console=console,
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("left"),
+        TimeRemainingColumn(), console=console, disable=not tty,
     ) as bars:  # fmt: skip
-        step_bar = bars.add_task("steps", total=steps * len(methods), info="")
-        sess_bar = bars.add_task("sessions", total=None, info="")
-        sample_bar = bars.add_task("samples", total=steps * batch * len(methods), info="")
-        done_steps: dict[str, int] = {}
-        done_samples: dict[str, int] = {}
+        step_bar = bars.add_task("steps", total=steps * runs, info="")
+        done_steps: dict[tuple[str, int], int] = {}
+        last_line = [0.0]
+
+        def line(text: str) -> None:
+            """One plain line for logs (the bars show it all on a terminal)."""
+            if not tty:
+                print(text, flush=True)
 
         def progress(event: str, info: dict[str, Any]) -> None:
-            m = info["method"]
+            key = (info["method"], info["seed"])
+            name = f"{METHOD_NAMES[info['method']]} seed {info['seed']}"
             if event == "sessions":
                 st = info["status"]
-                done_steps[m], done_samples[m] = st.steps, st.trained
-                bars.update(sess_bar, completed=info["sessions"],
-                            info=f"{m}: {info['sessions']} sessions, judged {st.judged}")  # fmt: skip
-                bars.update(step_bar, completed=sum(done_steps.values()),
-                            info=f"{m}: step {st.steps}, policy v{st.policy_version}")  # fmt: skip
-                bars.update(sample_bar, completed=sum(done_samples.values()),
-                            info=f"ready {st.ready}, drops {sum(st.drops.values())}")  # fmt: skip
+                before = done_steps.get(key, 0)
+                done_steps[key] = st.steps
+                total = sum(done_steps.values())
+                bars.update(step_bar, completed=total,
+                            info=f"{name}: step {st.steps}/{steps}, {info['sessions']} sessions, "
+                            f"judged {st.judged}, ready {st.ready}")  # fmt: skip
+                if st.steps > before or time.monotonic() - last_line[0] > 60:
+                    last_line[0] = time.monotonic()
+                    elapsed = time.perf_counter() - t0
+                    left = elapsed / total * (steps * runs - total) if total else float("nan")
+                    line(f"{name}: step {st.steps}/{steps} ({total}/{steps * runs} overall), "
+                         f"{info['sessions']} sessions, {elapsed / 60:.1f} min elapsed, "
+                         f"~{left / 60:.0f} min left")  # fmt: skip
             elif event == "eval":
-                bars.update(step_bar, info=f"{m}: evaluating at step {info['step']}")
+                bars.update(step_bar, info=f"{name}: evaluating at step {info['step']}")
+                line(f"{name}: evaluating at step {info['step']}")
             elif event == "evaluated":
-                console.print(f"  {METHOD_NAMES[m]} step {info['step']} (policy "
-                              f"v{info['version']}): score {info['score']:.3f}")  # fmt: skip
+                low, high = info["ci"]
+                console.print(f"  {name} step {info['step']} (policy v{info['version']}): "
+                              f"score {info['score']:.3f} [{low:.3f}, {high:.3f}]")  # fmt: skip
 
         results = run_demo(settings, cfg, progress=progress)
     wall = time.perf_counter() - t0
     report = write_report(results, settings, cfg, wall)
     console.print()
-    console.print(score_table(results, sorted(set(evals))))
+    console.print(score_table(results))
     console.print(f"\nwall time {wall / 60:.1f} min; report: {report}")
+    sys.stdout.flush()
     return 0

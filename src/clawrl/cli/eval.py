@@ -29,16 +29,23 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "10. Prints the mean score and each check's pass rate. Requests carry the header "
         "'X-Clawrl-Eval: 1' and session ids starting with 'eval-', so the online loop does not "
         "train on them. The held-out split is deterministic in --seed (and --dataset).",
-        epilog="example: clawrl eval personalization --scenario student "
-        "--base-url http://127.0.0.1:8000 --problems 50",
+        epilog="examples:\n  clawrl eval personalization --scenario student "
+        "--base-url http://127.0.0.1:8000 --problems 50\n"
+        "  clawrl eval personalization --scenario my_scenario.toml",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    e.add_argument("--scenario", choices=["student", "teacher"], default="student")
+    e.add_argument(
+        "--scenario",
+        default="student",
+        metavar="NAME|FILE",
+        help="student (default), teacher, or a scenario file (TOML, see clawrl.envs.scenario)",
+    )
     e.add_argument(
         "--base-url", default="http://127.0.0.1:8000", help="the gateway (http://127.0.0.1:8000)"
     )
     e.add_argument("--problems", type=int, default=50, help="held-out problems to score (50)")
     e.add_argument(
-        "--dataset", metavar="FILE", help="GSM8K-format JSONL (default: built-in generator)"
+        "--dataset", metavar="FILE", help="GSM8K-format JSONL (default: the scenario's problems)"
     )
     e.add_argument("--seed", type=int, default=0, help="problem, split and phrasing seed (0)")
     e.add_argument("--user", choices=["rule", "llm"], default="rule", help="simulated user (rule)")
@@ -47,7 +54,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     e.add_argument("--user-api-key", help=f"LLM user: API key (or ${USER_API_KEY_ENV})")
     e.add_argument("--model", default="policy", help="model name sent to the gateway (policy)")
     e.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default 0)")
-    e.add_argument("--max-tokens", type=int, default=256, help="new tokens per answer (256)")
+    e.add_argument(
+        "--max-tokens", type=int, help="new tokens per answer (default: the scenario's budget)"
+    )
     e.add_argument("--concurrency", type=int, default=4, help="requests in flight (4)")
     e.add_argument("--system", help="system prompt before each opening message (none)")
     e.add_argument("--timeout", type=float, default=300.0, help="per-request timeout, s (300)")
@@ -90,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import Progress
 
-    from clawrl.envs import aevaluate_personalization, make_user, problem_split
+    from clawrl.envs import aevaluate_personalization, load_scenario, make_user, problem_split
     from clawrl.envs.evaluate import RECOMMENDED_PROBLEMS
     from clawrl.errors import ConfigError
 
@@ -102,9 +111,10 @@ def run(args: argparse.Namespace) -> int:
             f"[yellow]note:[/] {args.problems} problems; use at least {RECOMMENDED_PROBLEMS} "
             "for a reported score"
         )
-    split = problem_split(args.dataset, held_out=args.problems, seed=args.seed)
+    spec = load_scenario(args.scenario)
+    split = problem_split(args.dataset or spec.dataset(), held_out=args.problems, seed=args.seed)
     user = make_user(
-        args.scenario,
+        spec,
         args.user,
         seed=args.seed,
         user_url=args.user_url,
@@ -116,12 +126,12 @@ def run(args: argparse.Namespace) -> int:
         result = asyncio.run(
             aevaluate_personalization(
                 args.base_url,
-                args.scenario,
+                spec,
                 split.held_out,
                 user=user,
                 model=args.model,
                 temperature=args.temperature,
-                max_tokens=args.max_tokens,
+                max_tokens=args.max_tokens or spec.answer.max_tokens,
                 concurrency=args.concurrency,
                 seed=args.seed,
                 system_prompt=args.system,

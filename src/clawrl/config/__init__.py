@@ -155,6 +155,9 @@ class TrainerConfig(_Section):
         "runs/online", min_length=1, description="Versions, checkpoints and metrics."
     )
     checkpoint_every: int = Field(1, ge=1, description="Checkpoint every N steps.")
+    keep_checkpoints: int = Field(
+        0, ge=0, description="Keep only the newest N checkpoints (0: keep every one)."
+    )
     poll_interval_s: float = Field(
         0.5, gt=0.0, le=60.0, description="Seconds between store polls of an idle learner."
     )

@@ -1,18 +1,21 @@
 """The main job: a simulated user teaches the policy its preferences while the server trains.
 
-For each method (``rl``, ``opd``, ``combine``), from the same base weights:
+For each method (``rl``, ``opd``, ``combine``) and each seed, from the same base weights:
 
-1. start the gateway with the online loop (judge worker + learner) in this process;
-2. evaluate version 0: the first response to each held-out problem, scored by the simulator's
-   rubric (evaluation requests carry ``X-Clawrl-Eval: 1`` and are never trained on);
+1. build the gateway with the online loop (judge worker + learner) from one config
+   (:func:`clawrl.runtime.build_runtime`) and serve it on loopback;
+2. evaluate version 0: the first answer to each held-out problem, greedy, scored by the
+   scenario's rubric (evaluation requests carry ``X-Clawrl-Eval: 1`` and are never trained on);
 3. run simulated-user sessions on training problems; the learner steps every ``batch_size``
    judged samples; sessions pause at each evaluation step (8 and 16 by default), the policy is
    evaluated at exactly that version, then training goes on;
-4. stop the server and collect the numbers: scores per step, per-step training metrics, and the
-   judge's agreement with the simulator's own ground truth.
+4. stop the server and collect the numbers: per-problem scores and check results at every
+   evaluated step, the training sessions' first answers (sessions to converge), per-step training
+   metrics, the judge's agreement with the simulator's own ground truth, example answers.
 
 This mirrors OpenClaw-RL's personalization experiment (student scenario, score after 8 and 16
-steps, Binary RL / OPD / combined) on a laptop-sized model.
+steps, Binary RL / OPD / combined) on a laptop-sized model; statistics live in
+:mod:`clawrl.demo.stats`, the report in :mod:`clawrl.demo.report`.
 """
 
 from __future__ import annotations
@@ -25,8 +28,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clawrl.config import Config, expand_method
+from clawrl.demo.stats import bootstrap_ci, sessions_to_converge
 
 if TYPE_CHECKING:
+    from clawrl.envs import EvalResult, ScenarioSpec, SessionLog
     from clawrl.runtime import JudgeBundle
     from clawrl.trainer.service import OnlineService
 
@@ -36,56 +41,99 @@ class DemoSettings:
     """What one demo run does.
 
     Attributes:
-        scenario: ``student`` or ``teacher``.
+        scenario: a built-in scenario's name (``student``, ``teacher``) or a scenario file.
         methods: the methods to run, each from the base weights.
-        steps: training steps per method.
+        seeds: one run per seed and method (problem split, phrasings, trainer seed).
+        steps: training steps per run.
         eval_steps: the steps after which the policy is evaluated (0 = before training).
         batch_size: samples per training step.
-        eval_problems: held-out problems per evaluation (>= 50 for the report's numbers).
-        max_tokens: most tokens per policy answer.
-        temperature: sampling temperature of training sessions (evaluation is greedy).
+        eval_problems: held-out problems per evaluation (``None``: the scenario's).
+        max_tokens: tokens per policy answer (``None``: the scenario's answer budget).
+        temperature: sampling temperature of training sessions (``None``: the scenario's;
+            evaluation is greedy).
         concurrency: simulated sessions in flight.
-        max_turns: most judged answers per session.
-        dataset: a GSM8K-format JSONL file, or None for the built-in generator.
-        out_dir: where ``demo-report/`` goes.
-        seed: problem split and user phrasing seed.
-        timeout_s: give up on a method after this many seconds of training sessions.
+        eval_concurrency: evaluation requests in flight (the engine batches them).
+        max_turns: most judged answers per session (``None``: the scenario's).
+        dataset: a GSM8K-format JSONL file (``None``: the scenario's problems).
+        out_dir: where the report goes.
+        timeout_s: give up on a run after this many seconds of training sessions.
+        examples: held-out questions shown with their answer before and after training.
     """
 
     scenario: str = "student"
     methods: tuple[str, ...] = ("combine",)
+    seeds: tuple[int, ...] = (0,)
     steps: int = 16
     eval_steps: tuple[int, ...] = (0, 8, 16)
     batch_size: int = 4
-    eval_problems: int = 50
-    max_tokens: int = 64
-    temperature: float = 1.0
+    eval_problems: int | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
     concurrency: int = 4
-    max_turns: int = 4
+    eval_concurrency: int = 16
+    max_turns: int | None = None
     dataset: str | None = None
     out_dir: str = "demo-report"
-    seed: int = 0
     timeout_s: float = 1800.0
+    examples: int = 3
+
+
+@dataclass
+class Evaluation:
+    """One evaluated version of one run.
+
+    Attributes:
+        step: the training step it follows.
+        version: the policy version evaluated.
+        score: mean rubric score over the held-out problems.
+        ci: its 95 % bootstrap interval over the problems.
+        scores: per-problem scores, in problem order.
+        check_rates: check name -> pass rate.
+        checks: per problem, check name -> passed.
+        guards: guard metrics (not in the score): ``repetition_rate``, ``answer_accuracy``,
+            ``no_number_rate``, with per-problem flags under ``items``.
+        answers: per problem, the answer text.
+    """
+
+    step: int
+    version: int
+    score: float
+    ci: tuple[float, float]
+    scores: list[float]
+    check_rates: dict[str, float]
+    checks: list[dict[str, bool]]
+    guards: dict[str, Any]
+    answers: list[str]
 
 
 @dataclass
 class MethodResult:
-    """The numbers of one method."""
+    """The numbers of one run (one method, one seed)."""
 
     method: str
-    scores: dict[int, float | None] = field(default_factory=dict)  # step -> mean rubric score
-    versions: dict[int, int] = field(default_factory=dict)  # step -> evaluated version
-    check_rates: dict[int, dict[str, float]] = field(default_factory=dict)
-    # step -> guard metrics, not part of the score (clawrl.envs.guards)
-    guards: dict[int, dict[str, float | None]] = field(default_factory=dict)
+    seed: int = 0
+    evaluations: dict[int, Evaluation] = field(default_factory=dict)
     steps_done: int = 0
     sessions: int = 0
     samples_trained: int = 0
     drops: dict[str, int] = field(default_factory=dict)
     agreement: dict[str, Any] = field(default_factory=dict)
+    converge: dict[str, int | None] = field(default_factory=dict)
+    first_answers: list[dict[str, bool]] = field(default_factory=list)
     metrics: list[dict[str, Any]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    questions: list[str] = field(default_factory=list)
+    adapter: str | None = None
+    trainer_dir: str = ""
+    method_config: dict[str, Any] = field(default_factory=dict)
+    judge: str = ""
     wall_s: float = 0.0
     note: str = ""
+
+    @property
+    def scores(self) -> dict[int, float]:
+        """Step -> mean score (the evaluated steps)."""
+        return {s: e.score for s, e in sorted(self.evaluations.items())}
 
 
 Progress = Callable[[str, dict[str, Any]], None]
@@ -95,56 +143,115 @@ def _noop(event: str, info: dict[str, Any]) -> None:
     return None
 
 
-def method_config(cfg: Config, method: str, settings: DemoSettings, run_dir: Path) -> Config:
-    """``cfg`` with the demo's method, batch size and output directory: exactly what one
-    method's run trains with (the report records it)."""
-    trainer = cfg.trainer
-    if trainer.method.kind != expand_method(method)["kind"]:
-        trainer = trainer.model_copy(update={"method": expand_method(method)})
+def method_config(
+    cfg: Config, method: str, settings: DemoSettings, run_dir: Path, seed: int
+) -> Config:
+    """``cfg`` with the demo's method, batch size, seed and output directory: exactly what one
+    run trains with (the report records it)."""
     data = cfg.model_dump(mode="json", exclude_none=True)
+    trainer = data["trainer"]
+    if trainer["method"]["kind"] != expand_method(method)["kind"]:
+        trainer["method"] = expand_method(method)  # the configured table when kinds match
     data["trainer"] = {
-        **trainer.model_dump(mode="json", exclude_none=True),
+        **trainer,
         "batch_size": settings.batch_size,
         "output_dir": str(run_dir / "trainer"),
+        "seed": seed,
+        "keep_checkpoints": 1,
     }
     return Config.model_validate(data)
+
+
+def _evaluation(ev: EvalResult, step: int, version: int, seed: int) -> Evaluation:
+    scores = [float(i.score or 0.0) for i in ev.items]
+    no_number = [i.error is None and not any(ch.isdigit() for ch in i.response) for i in ev.items]
+    guards: dict[str, Any] = {
+        "repetition_rate": ev.repetition_rate,
+        "answer_accuracy": ev.answer_accuracy,
+        "no_number_rate": sum(no_number) / len(no_number) if no_number else None,
+        "items": {
+            "repetitive": [float(i.repetitive) for i in ev.items],
+            "correct": [float(bool(i.correct)) for i in ev.items],
+            "no_number": [float(x) for x in no_number],
+        },
+    }
+    return Evaluation(
+        step=step, version=version, score=sum(scores) / len(scores) if scores else 0.0,
+        ci=bootstrap_ci(scores, seed=seed), scores=scores,
+        check_rates=dict(ev.check_pass_rates), checks=[dict(i.checks) for i in ev.items],
+        guards=guards, answers=[i.response for i in ev.items],
+    )  # fmt: skip
+
+
+def _first_answers(logs: list[SessionLog]) -> list[dict[str, bool]]:
+    """Per training session, in start order, the check results of its first answer."""
+    out = []
+    for log in logs:
+        first = next((t for t in log.turns if t.assessment is not None), None)
+        if first is not None and first.assessment is not None and first.assessment.checks:
+            out.append(dict(first.assessment.checks))
+    return out
+
+
+def converge_counts(first: list[dict[str, bool]], checks: tuple[str, ...]) -> dict[str, int | None]:
+    """Sessions to converge per check and ``overall`` (every check), :func:`sessions_to_converge`."""
+    out: dict[str, int | None] = {
+        c: sessions_to_converge([f.get(c, False) for f in first]) for c in checks
+    }
+    out["overall"] = sessions_to_converge([all(f.get(c, False) for c in checks) for f in first])
+    return out
 
 
 def run_method(
     method: str,
     settings: DemoSettings,
     cfg: Config,
+    spec: ScenarioSpec,
     *,
+    seed: int = 0,
     judge: JudgeBundle,
+    policy: Any = None,
     progress: Progress = _noop,
 ) -> MethodResult:
-    """Train one method from the base weights and evaluate it at ``settings.eval_steps``."""
+    """Train one method from the base weights with ``seed`` and evaluate it at
+    ``settings.eval_steps``.
+
+    Args:
+        policy: a freshly loaded policy to train (tests pass the tiny model); default: loaded
+            from ``cfg.model``.
+    """
     from clawrl.envs import evaluate_personalization, judge_agreement, make_user, problem_split
     from clawrl.envs.sessions import run_sessions
     from clawrl.runtime import build_runtime
     from clawrl.trainer.metrics import read_metrics
 
     t0 = time.perf_counter()
-    result = MethodResult(method)
-    run_dir = Path(settings.out_dir) / "runs" / method
+    result = MethodResult(method, seed, judge=judge.description)
+    run_dir = Path(settings.out_dir) / "runs" / f"{method}-seed{seed}"
     if run_dir.exists():
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
-    mcfg = method_config(cfg, method, settings, run_dir)
-    split = problem_split(settings.dataset, held_out=settings.eval_problems, seed=settings.seed)
-    runtime = build_runtime(mcfg, store=run_dir / "store.db", judge=judge)
+    mcfg = method_config(cfg, method, settings, run_dir, seed)
+    result.method_config = mcfg.trainer.method.model_dump(mode="json")
+    result.trainer_dir = str(run_dir / "trainer")
+    held_out = settings.eval_problems or spec.problems.held_out
+    split = problem_split(settings.dataset or spec.dataset(), held_out=held_out, seed=seed)
+    result.problems = [p.id for p in split.held_out]
+    result.questions = [p.question for p in split.held_out]
+    max_tokens = settings.max_tokens or spec.answer.max_tokens
+    temperature = spec.answer.temperature if settings.temperature is None else settings.temperature
+    max_turns = settings.max_turns or spec.answer.max_turns
+    runtime = build_runtime(mcfg, policy=policy, store=run_dir / "store.db", judge=judge)
     service = runtime.service
     assert service is not None, "the demo trains: its method is never 'off'"
     service.step_limit = 0
     server = runtime.serve()
-    spec = runtime.model_name
-    user = make_user(settings.scenario, "rule", seed=settings.seed)
-    logs: list[Any] = []
+    user = make_user(spec, "rule", seed=seed)
+    logs: list[SessionLog] = []
     train_problems = list(split.train)
     cursor = 0
     try:
-        for target in sorted(set(settings.eval_steps)):
-            target = min(target, settings.steps)
+        for target in sorted({min(s, settings.steps) for s in settings.eval_steps}):
             service.step_limit = target
             deadline = time.monotonic() + settings.timeout_s
 
@@ -160,32 +267,27 @@ def run_method(
                 cursor += settings.concurrency
                 done = run_sessions(
                     server.url, user, batch, concurrency=settings.concurrency,
-                    temperature=settings.temperature, max_tokens=settings.max_tokens,
-                    max_turns=settings.max_turns, session_prefix=f"sim-{method}-",
-                    should_stop=reached,
+                    temperature=temperature, max_tokens=max_tokens, max_turns=max_turns,
+                    session_prefix=f"sim-{method}-{seed}-", should_stop=reached,
                 )  # fmt: skip
                 logs.extend(done)
                 result.sessions += len(done)
-                progress("sessions", {"method": method, "sessions": result.sessions,
+                progress("sessions", {"method": method, "seed": seed, "sessions": result.sessions,
                                       "status": service.status(), "target": target})  # fmt: skip
             if result.note:
                 break
             _wait_idle(service, target)
-            progress("eval", {"method": method, "step": target})
+            progress("eval", {"method": method, "seed": seed, "step": target})
             ev = evaluate_personalization(
-                server.url, settings.scenario, split.held_out, model=spec,
-                temperature=0.0, max_tokens=settings.max_tokens, concurrency=8,
-                seed=settings.seed,
+                server.url, spec, split.held_out, user=user, model=runtime.model_name,
+                temperature=0.0, max_tokens=max_tokens, concurrency=settings.eval_concurrency,
+                seed=seed,
             )  # fmt: skip
-            result.scores[target] = ev.mean_score
-            result.versions[target] = runtime.engine.policy_version
-            result.check_rates[target] = dict(ev.check_pass_rates)
-            result.guards[target] = {
-                "repetition_rate": ev.repetition_rate,
-                "answer_accuracy": ev.answer_accuracy,
-            }
-            progress("evaluated", {"method": method, "step": target, "score": ev.mean_score,
-                                   "version": runtime.engine.policy_version})  # fmt: skip
+            evaluation = _evaluation(ev, target, runtime.engine.policy_version, seed)
+            result.evaluations[target] = evaluation
+            progress("evaluated", {"method": method, "seed": seed, "step": target,
+                                   "score": evaluation.score, "ci": evaluation.ci,
+                                   "version": evaluation.version})  # fmt: skip
     finally:
         server.stop(timeout_s=60)
         status = service.status()
@@ -193,16 +295,25 @@ def run_method(
         result.samples_trained = status.trained
         result.drops = dict(status.drops)
         scores = {j.turn_id: j.score for j in runtime.store.iter_judgments()}
-        agree = judge_agreement(logs, scores)
-        result.agreement = {
-            "compared": agree.compared, "agreed": agree.agreed, "rate": agree.rate,
-            "judge_neutral": agree.judge_neutral, "missing": agree.missing,
-            "confusion": dict(agree.confusion),
-        }  # fmt: skip
+        result.agreement = judge_agreement(logs, scores).to_dict()
+        result.first_answers = _first_answers(logs)
+        result.converge = converge_counts(result.first_answers, tuple(user.check_names))
         result.metrics = read_metrics(run_dir / "trainer" / "metrics.jsonl")
         runtime.close()
+        result.adapter = _keep_last_policy(run_dir / "trainer")
         result.wall_s = time.perf_counter() - t0
     return result
+
+
+def _keep_last_policy(trainer_dir: Path) -> str | None:
+    """Delete every policy version but the last (the trained adapter); returns its directory."""
+    versions = sorted(
+        (p for p in (trainer_dir / "policies").glob("v*") if p.name[1:].isdigit()),
+        key=lambda p: int(p.name[1:]),
+    )
+    for old in versions[:-1]:
+        shutil.rmtree(old, ignore_errors=True)
+    return str(versions[-1]) if versions else None
 
 
 def _wait_idle(service: OnlineService, target: int, timeout_s: float = 120.0) -> None:
@@ -216,16 +327,47 @@ def _wait_idle(service: OnlineService, target: int, timeout_s: float = 120.0) ->
 
 
 def run_demo(
-    settings: DemoSettings, cfg: Config, *, progress: Progress = _noop
+    settings: DemoSettings,
+    cfg: Config,
+    *,
+    progress: Progress = _noop,
+    judge: JudgeBundle | None = None,
+    policy_factory: Callable[[], Any] | None = None,
 ) -> list[MethodResult]:
-    """Run every method of ``settings`` (the judge is built once and shared)."""
+    """Run every method x seed of ``settings`` (one judge, built once and shared).
+
+    Args:
+        judge: the judge to use (tests pass a scripted one); default built from ``cfg.judge``.
+        policy_factory: returns a fresh policy per run (tests: the tiny model); default: load
+            ``cfg.model`` each run.
+
+    Raises:
+        ConfigError: the scenario cannot be loaded.
+    """
+    from clawrl.envs import load_scenario
     from clawrl.runtime import build_judge
 
-    judge = build_judge(cfg)
+    spec = load_scenario(settings.scenario)
+    own = judge is None
+    bundle = build_judge(cfg) if judge is None else judge
     results = []
     try:
-        for method in settings.methods:
-            results.append(run_method(method, settings, cfg, judge=judge, progress=progress))
+        for seed in settings.seeds:
+            for method in settings.methods:
+                policy = policy_factory() if policy_factory is not None else None
+                results.append(
+                    run_method(
+                        method,
+                        settings,
+                        cfg,
+                        spec,
+                        seed=seed,
+                        judge=bundle,
+                        policy=policy,
+                        progress=progress,
+                    )
+                )
     finally:
-        judge.close()
+        if own:
+            bundle.close()
     return results

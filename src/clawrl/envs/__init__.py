@@ -7,9 +7,10 @@ module             does
 ``data``           GSM8K-format JSONL loader, :func:`problem_split` (either source)
 ``solutions``      students' worked solutions, correct or with a known slip (teacher)
 ``rubric``         :class:`Rubric` of named checks, score = fraction met
-``student``        the student's rubric, phrase banks and :class:`RuleStudent`
-``teacher``        the teacher's rubric, phrase banks and :class:`RuleTeacher`
-``llm_user``       :class:`LLMUser`: any OpenAI-compatible model role-plays either user
+``checks``         the check kinds a scenario's rubric is built from
+``scenario``       scenario files (TOML): :func:`load_scenario`, :class:`ScenarioSpec`
+``rule_user``      :class:`RuleUser`: the rule-based user of any scenario file
+``llm_user``       :class:`LLMUser`: any OpenAI-compatible model role-plays the user
 ``user``           the :class:`SimulatedUser` protocol and its types
 ``users``          :func:`make_user`
 ``client``         :class:`ChatClient`: httpx, OpenAI wire format, sessions, eval marker
@@ -42,10 +43,10 @@ from clawrl.envs.problems import (
     split_problems,
 )
 from clawrl.envs.rubric import Check, CheckResult, Rubric, RubricResult
+from clawrl.envs.rule_user import RuleUser
+from clawrl.envs.scenario import ScenarioSpec, load_scenario
 from clawrl.envs.sessions import SessionLog, TurnLog, arun_sessions, run_session, run_sessions
 from clawrl.envs.solutions import Flaw, FlawKind, WorkedSolution, make_worked_solution
-from clawrl.envs.student import RuleStudent, StudentCheck, student_rubric
-from clawrl.envs.teacher import RuleTeacher, TeacherCheck, teacher_rubric
 from clawrl.envs.user import Assessment, Scenario, SimulatedUser, Task, UserKind, UserReply
 from clawrl.envs.users import make_user
 
@@ -70,14 +71,12 @@ __all__ = [
     "ProblemSplit",
     "Rubric",
     "RubricResult",
-    "RuleStudent",
-    "RuleTeacher",
+    "RuleUser",
     "Scenario",
+    "ScenarioSpec",
     "SessionLog",
     "SimulatedUser",
-    "StudentCheck",
     "Task",
-    "TeacherCheck",
     "TurnLog",
     "UserKind",
     "UserReply",
@@ -89,12 +88,11 @@ __all__ = [
     "generate_problems",
     "judge_agreement",
     "load_gsm8k",
+    "load_scenario",
     "make_user",
     "make_worked_solution",
     "problem_split",
     "run_session",
     "run_sessions",
     "split_problems",
-    "student_rubric",
-    "teacher_rubric",
 ]

@@ -38,12 +38,25 @@ class Agreement:
         """``agreed / compared``, or ``None`` when nothing could be compared."""
         return self.agreed / self.compared if self.compared else None
 
+    @property
+    def sign_errors(self) -> int:
+        """Turns the judge scored with the opposite sign of the simulator's truth."""
+        return self.compared - self.agreed
+
+    @property
+    def sign_error_rate(self) -> float | None:
+        """Sign errors over every turn the judge scored (0 included), or ``None``."""
+        judged = self.compared + self.judge_neutral
+        return self.sign_errors / judged if judged else None
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (with ``rate``)."""
         return {
             "compared": self.compared,
             "agreed": self.agreed,
             "rate": self.rate,
+            "sign_errors": self.sign_errors,
+            "sign_error_rate": self.sign_error_rate,
             "judge_neutral": self.judge_neutral,
             "missing": self.missing,
             "confusion": dict(self.confusion),

@@ -26,8 +26,9 @@ from clawrl.envs.client import DEFAULT_TIMEOUT_S, ChatClient
 from clawrl.envs.errors import ChatEndpointError
 from clawrl.envs.guards import final_number_correct, repeated_sentence
 from clawrl.envs.problems import Problem
+from clawrl.envs.scenario import ScenarioSpec, load_scenario
 from clawrl.envs.sessions import DEFAULT_MODEL, new_run_id
-from clawrl.envs.user import Scenario, SimulatedUser
+from clawrl.envs.user import SimulatedUser
 from clawrl.envs.users import make_user
 
 EVAL_SESSION_PREFIX = "eval-"
@@ -179,7 +180,7 @@ class EvalResult:
 
 async def aevaluate_personalization(
     base_url: str,
-    scenario: Scenario | str,
+    scenario: ScenarioSpec | str,
     problems: Sequence[Problem],
     *,
     user: SimulatedUser | None = None,
@@ -197,7 +198,7 @@ async def aevaluate_personalization(
 
     Args:
         base_url: the gateway (with or without ``/v1``).
-        scenario: ``student`` or ``teacher``.
+        scenario: a built-in scenario's name, a scenario file, or a loaded scenario.
         problems: held-out problems (use at least :data:`RECOMMENDED_PROBLEMS` for a report).
         user: the simulated user (default: the rule-based user of ``scenario`` with ``seed``).
         model: the model name to request.
@@ -217,13 +218,14 @@ async def aevaluate_personalization(
     Raises:
         ValueError: ``concurrency < 1``, or ``user`` is of another scenario.
     """
-    scenario = Scenario(scenario)
+    spec = scenario if isinstance(scenario, ScenarioSpec) else load_scenario(scenario)
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     if user is None:
-        user = make_user(scenario, seed=seed)
-    if user.scenario is not scenario:
-        raise ValueError(f"a {user.scenario} user cannot evaluate the {scenario} scenario")
+        user = make_user(spec, seed=seed)
+    if user.scenario != spec.name:
+        raise ValueError(f"a {user.scenario} user cannot evaluate the {spec.name} scenario")
+    homework = spec.task.kind == "homework"
     run_id = new_run_id()
     sem = asyncio.Semaphore(concurrency)
     start = time.perf_counter()
@@ -232,7 +234,7 @@ async def aevaluate_personalization(
     async with ChatClient(base_url, api_key=api_key, timeout_s=timeout_s, eval_mode=True) as client:
 
         async def one(i: int, problem: Problem) -> None:
-            sid = f"{EVAL_SESSION_PREFIX}{scenario.value}-{run_id}-{i}-{problem.id}"
+            sid = f"{EVAL_SESSION_PREFIX}{spec.name}-{run_id}-{i}-{problem.id}"
             task = user.start(problem)
             messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
             messages.append({"role": "user", "content": task.opening})
@@ -271,9 +273,7 @@ async def aevaluate_personalization(
                         error=error,
                         ended=ended,
                         repetitive=repeated_sentence(result.content) is not None,
-                        correct=final_number_correct(result.content, problem)
-                        if scenario is Scenario.STUDENT
-                        else None,
+                        correct=final_number_correct(result.content, problem) if homework else None,
                     )
             items[i] = item
             if progress is not None:
@@ -281,7 +281,7 @@ async def aevaluate_personalization(
 
         await asyncio.gather(*(one(i, p) for i, p in enumerate(problems)))
     return EvalResult(
-        scenario=scenario.value,
+        scenario=spec.name,
         user_kind=user.kind.value,
         items=[i for i in items if i is not None],
         check_names=tuple(user.check_names),
@@ -291,7 +291,7 @@ async def aevaluate_personalization(
 
 def evaluate_personalization(
     base_url: str,
-    scenario: Scenario | str,
+    scenario: ScenarioSpec | str,
     problems: Sequence[Problem],
     *,
     user: SimulatedUser | None = None,

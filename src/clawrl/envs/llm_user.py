@@ -1,8 +1,10 @@
-"""LLM-backed simulated users: any OpenAI-compatible endpoint role-plays the student or teacher.
+"""LLM-backed simulated users: any OpenAI-compatible endpoint role-plays a scenario's user.
 
-Each reaction is one chat call to the user model: a persona system prompt (:data:`STUDENT_PERSONA`,
-:func:`teacher_persona`, which also tells the model the known mistake in the student's work)
-and one user message with the conversation so far and the helper's latest reply. The model
+Each reaction is one chat call to the user model: a persona system prompt (:data:`STUDENT_PERSONA`
+for the student, :func:`teacher_persona` for the teacher, which also tells the model the known
+mistake in the student's work, :func:`scenario_persona` for any other scenario file: its
+description and what its checks want) and one user message with the conversation so far and the
+helper's latest reply. The model
 writes the user's next message and ends with a designated line ``Rating: N`` (0-10).
 
 * ``score = N / 10``; ground truth ``reward = +1`` when ``N >= satisfied_at`` (8), else -1, and
@@ -11,7 +13,7 @@ writes the user's next message and ends with a designated line ``Rating: N`` (0-
   and ``reward = None``; it is counted in :attr:`LLMUser.unrated`, and the conversation goes on
   with whatever text the model wrote.
 
-Opening messages (and the teacher's worked solutions) come from the rule-based user of the same
+Opening messages (and graded worked solutions) come from the rule-based user of the same
 scenario and seed, so rule and LLM evaluations see the same tasks.
 """
 
@@ -22,10 +24,10 @@ import re
 from clawrl.envs.client import ChatClient, api_root
 from clawrl.envs.phrasing import choose, stable_int
 from clawrl.envs.problems import Problem
+from clawrl.envs.rule_user import RuleUser
+from clawrl.envs.scenario import ScenarioSpec
 from clawrl.envs.solutions import WorkedSolution
-from clawrl.envs.student import RuleStudent
-from clawrl.envs.teacher import RuleTeacher
-from clawrl.envs.user import Assessment, Message, Scenario, Task, UserKind, UserReply
+from clawrl.envs.user import Assessment, Message, Task, UserKind, UserReply
 
 RATING_RE = re.compile(
     r"^[\s*_>#-]*rating[\s*_]*[:=][\s*_]*(-?\d+(?:\.\d+)?)\s*(?:/\s*10)?[\s*_.]*$", re.I | re.M
@@ -80,6 +82,25 @@ def teacher_persona(work: WorkedSolution) -> str:
     return _TEACHER_PERSONA.format(truth=truth)
 
 
+_GENERIC_PERSONA = """\
+You are role-playing {description}, chatting with an AI assistant. What you want from an \
+answer: {wants}.
+
+You will see the conversation so far and the assistant's latest reply. Write your next message \
+in your own words, one to three sentences: if the reply falls short, say specifically what to \
+change; if it is what you want, thank the assistant briefly.
+
+Then, on a final line of its own, rate the assistant's latest reply from 0 (useless to you) to \
+10 (exactly what you wanted), in exactly this form:
+Rating: N"""
+
+
+def scenario_persona(spec: ScenarioSpec) -> str:
+    """The persona prompt of a scenario file: its description and its checks' descriptions."""
+    wants = "; ".join(c.description for c in spec.checks)
+    return _GENERIC_PERSONA.format(description=spec.description or f"a {spec.name}", wants=wants)
+
+
 def parse_rating(text: str) -> tuple[str, float | None]:
     """Split an LLM user's answer into its message and its rating.
 
@@ -127,7 +148,7 @@ class LLMUser:
     """A simulated user played by an LLM behind any OpenAI-compatible endpoint.
 
     Args:
-        scenario: student or teacher.
+        scenario: the scenario (its tasks; built-in student and teacher get their personas).
         url: the endpoint's base URL (e.g. ``http://127.0.0.1:8001/v1``).
         model: the model name to request.
         api_key: the endpoint's key, if it needs one.
@@ -136,7 +157,6 @@ class LLMUser:
         max_tokens: new tokens per reaction at most.
         satisfied_at: the rating (0-10) from which the user is satisfied and ends the session.
         timeout_s: per-request timeout, seconds.
-        flaw_rate: teacher only: the fraction of worked solutions with a slip.
 
     Raises:
         ValueError: a malformed ``url``.
@@ -151,7 +171,7 @@ class LLMUser:
 
     def __init__(
         self,
-        scenario: Scenario | str,
+        scenario: ScenarioSpec,
         *,
         url: str,
         model: str,
@@ -161,9 +181,9 @@ class LLMUser:
         max_tokens: int = 300,
         satisfied_at: float = 8.0,
         timeout_s: float = 120.0,
-        flaw_rate: float = 0.5,
     ) -> None:
-        self.scenario = Scenario(scenario)
+        self.spec = scenario
+        self.scenario = scenario.name
         self.model = model
         self.seed = seed
         self.temperature = temperature
@@ -173,11 +193,7 @@ class LLMUser:
         self.url = url
         self.api_key = api_key
         self.timeout_s = timeout_s
-        self._tasks: RuleStudent | RuleTeacher = (
-            RuleStudent(seed=seed)
-            if self.scenario is Scenario.STUDENT
-            else RuleTeacher(seed=seed, flaw_rate=flaw_rate)
-        )
+        self._tasks = RuleUser(scenario, seed=seed)
         self.unrated = 0
         self.rated = 0
 
@@ -187,9 +203,11 @@ class LLMUser:
 
     def persona(self, task: Task) -> str:
         """The system prompt for ``task``."""
-        if self.scenario is Scenario.STUDENT:
+        if self.scenario == "student":
             return STUDENT_PERSONA
-        return teacher_persona(task.context)
+        if self.scenario == "teacher" and isinstance(task.context, WorkedSolution):
+            return teacher_persona(task.context)
+        return scenario_persona(self.spec)
 
     async def _react(
         self, task: Task, messages: list[Message], response: str, *, turn: int, final: bool

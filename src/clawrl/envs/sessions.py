@@ -180,7 +180,7 @@ async def run_session(
         raise ValueError(f"max_turns must be >= 1, got {max_turns}")
     start = time.perf_counter()
     task = user.start(problem)
-    log = SessionLog(session_id, problem.id, user.scenario.value, user.kind.value)
+    log = SessionLog(session_id, problem.id, user.scenario, user.kind.value)
     messages: list[Message] = (
         [{"role": "system", "content": system_prompt}] if system_prompt else []
     )
@@ -310,7 +310,7 @@ async def arun_sessions(
             async with sem:
                 if should_stop is not None and should_stop():
                     return
-                sid = f"{session_prefix}{user.scenario.value}-{run_id}-{i}-{problem.id}"
+                sid = f"{session_prefix}{user.scenario}-{run_id}-{i}-{problem.id}"
                 log = await run_session(
                     client,
                     user,

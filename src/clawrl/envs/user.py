@@ -23,7 +23,7 @@ Message = dict[str, Any]
 
 
 class Scenario(StrEnum):
-    """Who the simulated user is."""
+    """The built-in scenarios (``clawrl/scenarios/*.toml``); any scenario file works too."""
 
     STUDENT = "student"  # wants homework answers that do not look AI-written
     TEACHER = "teacher"  # wants friendly, specific grading comments on a student's work
@@ -42,7 +42,7 @@ class Task:
 
     Attributes:
         problem: the problem.
-        scenario: the user's scenario.
+        scenario: the scenario's name (``student``, ``teacher`` or a scenario file's).
         opening: the first user message.
         context: what the rubric needs besides the problem (the teacher's
             :class:`clawrl.envs.solutions.WorkedSolution`; ``None`` for the student).
@@ -50,7 +50,7 @@ class Task:
     """
 
     problem: Problem
-    scenario: Scenario
+    scenario: str
     opening: str
     context: Any = None
     key: str = ""
@@ -113,7 +113,8 @@ class UserReply:
 class SimulatedUser(Protocol):
     """A simulated user of one scenario (rule-based or LLM-backed)."""
 
-    scenario: Scenario
+    scenario: str
+    """The scenario's name."""
     kind: UserKind
     check_names: tuple[str, ...]
     """The rubric's check names (empty for an LLM user)."""

@@ -333,6 +333,10 @@ class Trainer:
         os.replace(tmp, target)
         (ckpt_root / "latest.tmp").write_text(target.name)
         os.replace(ckpt_root / "latest.tmp", ckpt_root / "latest")
+        keep = self.config.keep_checkpoints
+        if keep:  # the newest ``keep`` survive; ``latest`` already points past the others
+            for old in sorted(ckpt_root.glob("step-*"))[:-keep]:
+                shutil.rmtree(old, ignore_errors=True)
         return target
 
     def load_checkpoint(self, path: str | Path | None = None) -> dict[str, Any] | None:

@@ -1,0 +1,118 @@
+"""The main job end to end on the tiny model with a scripted judge, and its report.
+
+``run_demo`` builds the real gateway, online loop and trainer (the composition root), the
+simulated student talks to the tiny random policy, the scripted judge turns the student's replies
+into rewards and hints, the trainer steps, and the report is written: this checks the files, the
+tables, the statistics and that ``config.toml`` is what ran.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from clawrl.config import load_config
+from clawrl.demo import DemoSettings, run_demo, score_table, write_report
+from clawrl.demo.report import DROP_REASONS
+from clawrl.demo.stats import bootstrap_ci, paired_diff_ci, seed_ci, sessions_to_converge
+from clawrl.judge.types import BackendKind, Hint, HintSelection, Judgment, Score
+from clawrl.models import tiny_policy
+from clawrl.runtime import JudgeBundle
+
+
+async def scripted_judge(inp):
+    """+1 for thanks, else -1 with a hint (the judge is not under test here)."""
+    if "thank" in inp.next_state.text.lower() or "ty" in inp.next_state.text.lower().split():
+        return Judgment(score=Score.GOOD, backend=BackendKind.GENERATIVE, model="scripted")
+    return Judgment(
+        score=Score.BAD, backend=BackendKind.GENERATIVE, model="scripted",
+        hint=Hint(text="Answer with the number first.", selection=HintSelection.SINGLE),
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo")
+    settings = DemoSettings(
+        scenario="student", methods=("rl", "combine"), seeds=(0,), steps=2, eval_steps=(0, 1, 2),
+        batch_size=2, eval_problems=6, max_tokens=6, concurrency=2, max_turns=2,
+        out_dir=str(out / "report"), examples=2,
+    )  # fmt: skip
+    cfg = load_config(None, ["trainer.lr=1e-3", "trainer.poll_interval_s=0.1"])
+    results = run_demo(
+        settings, cfg, judge=JudgeBundle(scripted_judge, description="scripted x1"),
+        policy_factory=lambda: tiny_policy(seed=0, max_context=1024),
+    )  # fmt: skip
+    report = write_report(results, settings, cfg, wall_s=12.0)
+    return settings, cfg, results, report
+
+
+@pytest.mark.timeout(600)
+def test_the_demo_trains_evaluates_and_reports(demo):
+    _settings, _cfg, results, report = demo
+    assert [r.method for r in results] == ["rl", "combine"]
+    for r in results:
+        assert r.steps_done == 2 and r.samples_trained == 4
+        assert sorted(r.evaluations) == [0, 1, 2]
+        assert [r.evaluations[s].version for s in (0, 1, 2)] == [0, 1, 2]
+        for e in r.evaluations.values():
+            assert len(e.scores) == 6 and e.ci[0] <= e.score <= e.ci[1]
+            assert set(e.check_rates) == {c for c in e.checks[0]}
+        assert r.first_answers and set(r.converge) >= {"overall", "answer_first"}
+        assert r.agreement["compared"] >= 0 and "sign_error_rate" in r.agreement
+        # only the last checkpoint and policy version are kept
+        ckpts = sorted((report.parent / "runs" / f"{r.method}-seed0" / "trainer" /
+                        "checkpoints").glob("step-*"))  # fmt: skip
+        assert [c.name for c in ckpts] == ["step-000002"]
+        assert r.adapter is not None and r.adapter.endswith("v2")
+    text = report.read_text()
+    for section in ("## Each check", "## Guards", "## Sessions to converge",
+                    "## Training and the judge", "## Before and after", "## The trained policy",
+                    "clawrl export-model"):  # fmt: skip
+        assert section in text, section
+    assert "| Binary RL | 1 |" in text and "| Combined | 1 |" in text
+    assert any(f"{reason}:" in text for reason in DROP_REASONS) or "were not:" in text
+    out = report.parent
+    for name in ("scores.png", "training.png"):
+        png = (out / name).read_bytes()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+    data = json.loads((out / "results.json").read_text())
+    assert data[0]["evaluations"]["2"]["version"] == 2
+
+
+def test_config_toml_records_what_ran(demo, tmp_path):
+    _settings, cfg, _results, report = demo
+    text = (report.parent / "config.toml").read_text()
+    assert "# rl: method = " in text and '"kind": "rl"' in text
+    assert "# combine: method = " in text and '"kind": "combine"' in text
+    demo_part = text.split("[demo]")[1]
+    assert "steps = 2" in demo_part and "batch_size = 2" in demo_part
+    assert 'methods = ["rl", "combine"]' in demo_part and "max_tokens = 6" in demo_part
+    # the shared settings load back as they were
+    (tmp_path / "c.toml").write_text(text.split("# what each run")[0])
+    assert load_config(tmp_path / "c.toml") == cfg
+
+
+def test_score_table_shape(demo):
+    _, _, results, _ = demo
+    lines = score_table(results).splitlines()
+    assert lines[0] == "| method | seeds | base (v0) | 1 steps | 2 steps | gain at 2 |"
+    assert lines[2].startswith("| Binary RL | 1 | ")  # a zero-width interval prints no brackets
+
+
+def test_statistics_hand_computed():
+    low, high = bootstrap_ci([1.0] * 10)
+    assert low == high == 1.0
+    low, high = bootstrap_ci([0.0, 1.0] * 25, seed=1)
+    assert 0.3 < low < 0.5 < high < 0.7
+    assert math.isnan(bootstrap_ci([])[0])
+    diff, low, high = paired_diff_ci([0.0] * 20, [1.0] * 20)
+    assert (diff, low, high) == (1.0, 1.0, 1.0)
+    mean, low, high = seed_ci([0.5, 0.7, 0.6])
+    assert mean == pytest.approx(0.6)
+    assert (high - mean) == pytest.approx(4.303 * 0.1 / 3**0.5)
+    assert sessions_to_converge([True, False, True, True, True, False]) == 5
+    assert sessions_to_converge([True, True]) is None
+    assert sessions_to_converge([True, True, True]) == 3
