@@ -1,6 +1,6 @@
 # clawrl: two commands for a fresh machine (see README.md)
 #   make demo   create .venv, install, run the main job on the embedded model
-#   make test   create .venv, install dev extras, run ruff and pytest
+#   make test   create .venv, install dev extras and bubblewrap, run ruff, mypy and pytest
 #
 # GPU machines: override the torch requirement, e.g. `make demo TORCH_SPEC=torch` installs
 # PyPI's default (CUDA) build instead of the pinned CPU build.
@@ -11,7 +11,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test install dev lint harnesses e2e typecheck bench clean
+.PHONY: demo test install dev lint harnesses sandbox e2e typecheck bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,10 +45,22 @@ lint: $(VENV)/.dev
 harnesses:
 	scripts/install_harnesses.sh || echo "WARNING: harness install failed; tests/e2e will be skipped"
 
+# bubblewrap for the harness sandbox (Debian's package; apt-get needs root). Without it the
+# containment tests fail, unless CLAWRL_ALLOW_NO_BWRAP=1 skips them explicitly.
+sandbox:
+	@command -v bwrap >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get install -y -q bubblewrap >/dev/null 2>&1 || \
+	      { apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null; }; \
+	  else \
+	    echo "bubblewrap is missing: run 'sudo apt-get install bubblewrap' (or set CLAWRL_ALLOW_NO_BWRAP=1)"; \
+	  fi; }
+	@command -v bwrap >/dev/null && echo "sandbox: $$(bwrap --version)" || true
+
 e2e: $(VENV)/.dev harnesses
 	$(BIN)/pytest -q -m e2e tests/e2e
 
-test: lint harnesses
+test: lint harnesses sandbox
 	$(BIN)/pytest -q
 
 typecheck: $(VENV)/.dev

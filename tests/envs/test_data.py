@@ -10,7 +10,8 @@ import pytest
 from clawrl.envs import DatasetError, load_gsm8k, make_worked_solution, problem_split
 from clawrl.envs.data import parse_gsm8k_answer
 
-REAL = Path("/work/shared/data/gsm8k")
+# the shared data sets sit beside the repository (``../shared/data``), wherever it is cloned
+REAL = Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k"
 
 RECORDS = [
     {

@@ -60,16 +60,22 @@ class ScriptedBackend:
         self.calls: list[list[int]] = []
         self.cancelled: list[int] = []
         self.closed = False
+        self.in_flight = 0
+        self.max_in_flight = 0
 
     async def votes(self, inp: JudgeInput, indices: Sequence[int]) -> list[Vote]:
         self.calls.append(list(indices))
         out = []
         for i in indices:
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
             try:
                 await asyncio.sleep(self.delays.get(i, 0))
             except asyncio.CancelledError:
                 self.cancelled.append(i)
                 raise
+            finally:
+                self.in_flight -= 1
             item = self.outputs[i % len(self.outputs)]
             if isinstance(item, BaseException):
                 raise item

@@ -219,7 +219,6 @@ def test_judge_timeout_does_not_cancel_the_engines_scoring_future(tokenizer, mk_
     (TransformersEngine raises InvalidStateError on a cancelled score future)."""
     import concurrent.futures
     import threading
-    import time
 
     pending: list[concurrent.futures.Future] = []
 
@@ -232,9 +231,7 @@ def test_judge_timeout_does_not_cancel_the_engines_scoring_future(tokenizer, mk_
     backend = ChoiceBackend(SlowEngine(), tokenizer)
 
     async def go():
-        start = time.perf_counter()
-        j = await Judge(backend, votes=3, timeout_s=0.2).judge(mk_input())
-        assert time.perf_counter() - start < 1.0
+        j = await Judge(backend, votes=3, timeout_s=0.2).judge(mk_input())  # engine never answers
         await asyncio.sleep(0.05)
         assert len(pending) == 1 and not pending[0].cancelled()
         # the engine thread resolves it later; aclose waits for that

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 from pydantic import ValidationError
@@ -68,26 +67,24 @@ def test_abstention_is_not_counted_as_a_vote(scripted, inp):
 
 
 def test_votes_run_concurrently(scripted, inp):
-    backend = scripted([GOOD], delays={0: 0.3, 1: 0.3, 2: 0.3})
-    start = time.perf_counter()
+    backend = scripted([GOOD], delays={0: 0.05, 1: 0.05, 2: 0.05})
     j = run(Judge(backend, votes=3).judge(inp))
-    assert time.perf_counter() - start < 0.75  # sequential would take >= 0.9 s
+    assert backend.max_in_flight == 3  # sequential votes would never overlap
     assert j.score == Score.GOOD
     assert sorted(map(tuple, backend.calls)) == [(0,), (1,), (2,)]
 
 
 def test_slow_votes_time_out_and_the_call_returns_in_time(scripted, inp):
-    backend = scripted([GOOD], delays={1: 30, 2: 30})
+    # votes that would take an hour: only the judge's timeout lets the test finish (a broken
+    # timeout hangs it until the suite's per-test timeout fails it)
+    backend = scripted([GOOD], delays={1: 3600, 2: 3600})
 
     async def go():
-        start = time.perf_counter()
         j = await Judge(backend, votes=3, timeout_s=0.3).judge(inp)
-        elapsed = time.perf_counter() - start
         await asyncio.sleep(0.05)  # let the cancellations land
-        return j, elapsed
+        return j
 
-    j, elapsed = run(go())
-    assert elapsed < 1.0
+    j = run(go())
     assert j.score == Score.GOOD  # the vote that finished decides
     assert [v.abstain_reason for v in j.votes] == [
         None,
@@ -98,10 +95,8 @@ def test_slow_votes_time_out_and_the_call_returns_in_time(scripted, inp):
 
 
 def test_judge_that_times_out_entirely_gives_no_judgment(scripted, inp):
-    backend = scripted([GOOD], delays={0: 30}, batched=True)
-    start = time.perf_counter()
+    backend = scripted([GOOD], delays={0: 3600}, batched=True)  # only the timeout ends it
     j = run(Judge(backend, votes=3, timeout_s=0.2).judge(inp))
-    assert time.perf_counter() - start < 1.0
     assert j.score is None and j.no_judgment_reason == NoJudgmentReason.TIMEOUT
     assert j.detail == "3 votes abstained: 3 timeout"
     assert backend.calls == [[0, 1, 2]]  # batched: one call for all votes

@@ -110,10 +110,8 @@ def test_malformed_reply_is_an_abstention(mk_input):
 
 def test_hanging_endpoint_is_cut_by_the_judge_timeout(mk_input):
     async def handler(request):
-        await asyncio.sleep(30)
+        await asyncio.sleep(3600)  # only the judge's timeout ends the test
         return reply("Score: +1")
 
-    start = time.perf_counter()
     j = asyncio.run(Judge(backend(handler), votes=3, timeout_s=0.3).judge(mk_input()))
-    assert time.perf_counter() - start < 1.5
     assert j.score is None and j.no_judgment_reason == NoJudgmentReason.TIMEOUT

@@ -119,7 +119,7 @@ def _settings(args: argparse.Namespace, model_name: str) -> Any:
 def cmd_list(args: argparse.Namespace) -> int:
     """Print each adapter and whether its program is installed."""
     from clawrl.harness.adapters import ADAPTERS
-    from clawrl.harness.sandbox import choose_isolation
+    from clawrl.harness.sandbox import bwrap_works
 
     for name, cls in ADAPTERS.items():
         why = cls().missing()  # each adapter reports what is missing, if anything
@@ -133,7 +133,10 @@ def cmd_list(args: argparse.Namespace) -> int:
         f"built-in tasks (--tasks builtin): {sum(splits.values())} "
         f"({splits['train']} train, {splits['heldout']} heldout)"
     )
-    print(f"sandbox isolation here: {choose_isolation('auto')}")
+    print(
+        "sandbox isolation here: "
+        + ("bwrap" if bwrap_works() else "none (install bubblewrap, or pass --isolation fallback)")
+    )
     return 0
 
 

@@ -20,14 +20,21 @@ starting directory, environment, HOME and the rlimits below. It does **not** sto
 from writing elsewhere with absolute paths the user may write, from reading the task's verifier,
 or from opening network connections.
 
-Both apply rlimits (CPU seconds, address space, file size, no core dumps) and a wall-clock limit
-that kills the whole process group.
+Both apply rlimits (CPU seconds, address space, file size, no core dumps), a wall-clock limit
+that kills the whole process group, a process limit (a ``pids`` cgroup where one can be created,
+else ``RLIMIT_NPROC``, which the kernel does not enforce for root) and a disk budget for
+``work/`` + ``home/`` (a watchdog kills the process group once they pass it; bwrap's ``/tmp``
+is a tmpfs of that size). The fallback is never chosen silently: ``auto`` refuses to run
+without bwrap unless the fallback is asked for by name, and every fallback rollout logs that it
+is weaker.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
+import logging
 import os
 import resource
 import shutil
@@ -35,12 +42,16 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from clawrl.harness.relay import UnixToTcpRelay
+
+log = logging.getLogger(__name__)
 
 INNER_PORT = 18080
 """The gateway's port on the sandbox's private loopback (bwrap)."""
@@ -66,12 +77,20 @@ class Limits:
         memory_bytes: RLIMIT_AS (virtual address space); None leaves it unlimited (Node-based
             harnesses reserve large virtual ranges).
         file_bytes: RLIMIT_FSIZE, the largest file the command may write.
+        processes: most processes (and threads) alive at once.
+        disk_bytes: most bytes ``work/`` + ``home/`` may hold (checked every
+            ``disk_check_s`` seconds, so a fast writer may pass it by what it writes in that
+            time); also the size of bwrap's ``/tmp`` tmpfs.
+        disk_check_s: seconds between disk checks.
     """
 
     time_s: float = 120.0
     cpu_s: int = 600
     memory_bytes: int | None = 4 << 30
     file_bytes: int = 64 << 20
+    processes: int = 256
+    disk_bytes: int = 1 << 30
+    disk_check_s: float = 0.25
 
 
 @dataclass
@@ -83,6 +102,8 @@ class RunResult:
     stderr: str
     timed_out: bool
     wall_s: float
+    killed_for: str | None = None
+    """``"time"`` or ``"disk"`` when a limit killed the command, else None."""
 
 
 @functools.cache
@@ -102,25 +123,94 @@ def bwrap_works() -> bool:
     return proc.returncode == 0
 
 
+FALLBACK_WARNING = (
+    "sandbox isolation 'fallback': the harness runs as a plain process; it can write any path "
+    "this user may write, read the task's verifier and open network connections (install "
+    "bubblewrap for real containment)"
+)
+
+
 def choose_isolation(requested: str = "auto") -> Isolation:
-    """``auto``: bwrap when it works, else the fallback; ``bwrap`` fails loudly without it."""
+    """The isolation to run rollouts under.
+
+    ``auto`` and ``bwrap``: bwrap, which must work here; ``fallback``: the weaker fallback,
+    only when asked for by name (it is logged on every rollout).
+
+    Raises:
+        HarnessError: bwrap is missing or cannot create its namespaces and the fallback was not
+            asked for.
+    """
     if requested == "fallback":
+        log.warning(FALLBACK_WARNING)
         return Isolation.FALLBACK
     if bwrap_works():
         return Isolation.BWRAP
-    if requested == "bwrap":
-        from clawrl.errors import HarnessError
+    from clawrl.errors import HarnessError
 
-        raise HarnessError("bwrap was requested but cannot run here (missing or no namespaces)")
-    return Isolation.FALLBACK
+    raise HarnessError(
+        "bwrap cannot run here (missing, or no user namespaces): install it "
+        "(`apt-get install bubblewrap`; `make test` does) or pass --isolation fallback to run "
+        "harnesses as plain processes, with no filesystem or network containment"
+    )
 
 
-def _set_limits(limits: Limits) -> None:
+def _pids_cgroup(limit: int) -> Path | None:
+    """A fresh ``pids`` cgroup (v1 or v2) allowing ``limit`` processes, or None where this
+    process may not create one."""
+    candidates = [Path("/sys/fs/cgroup/pids")]
+    v2 = Path("/sys/fs/cgroup")
+    try:
+        if "pids" in (v2 / "cgroup.controllers").read_text().split():
+            candidates.append(v2)
+    except OSError:
+        pass
+    for base in candidates:
+        if not (base / "cgroup.procs").exists():
+            continue
+        group = base / f"clawrl-{uuid.uuid4().hex[:12]}"
+        try:
+            group.mkdir()
+            (group / "pids.max").write_text(str(limit))
+            return group
+        except OSError:
+            with contextlib.suppress(OSError):
+                group.rmdir()
+    return None
+
+
+def _user_processes() -> int:
+    """Tasks (threads included) of this real uid now: RLIMIT_NPROC counts them all."""
+    uid, n = os.getuid(), 0
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if entry.stat().st_uid == uid:
+                    n += len(os.listdir(f"/proc/{entry.name}/task"))
+            except OSError:
+                pass
+    return n
+
+
+def _set_limits(limits: Limits, cgroup: Path | None, nproc: int) -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s))
     resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_bytes, limits.file_bytes))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     if limits.memory_bytes is not None:
         resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
+    if cgroup is not None:  # join before exec: every descendant is counted
+        (cgroup / "cgroup.procs").write_text(str(os.getpid()))
+    else:  # counts every task of this uid, so ``nproc`` = those alive now + the limit
+        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+
+
+def _tree_bytes(*roots: Path) -> int:
+    total = 0
+    for root in roots:
+        for dirpath, _dirs, files in os.walk(root):
+            for name in files:
+                with contextlib.suppress(OSError):
+                    total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+    return total
 
 
 def _python_roots() -> list[str]:
@@ -216,7 +306,7 @@ class Sandbox:
     # ----------------------------------------------------------------- running
 
     def _bwrap_argv(
-        self, argv: Sequence[str], env: dict[str, str], cwd: str, gateway: bool
+        self, argv: Sequence[str], env: dict[str, str], cwd: str, gateway: bool, tmp_bytes: int
     ) -> list[str]:
         relay = self._relay is not None and gateway
         if relay:
@@ -226,7 +316,7 @@ class Sandbox:
         out += ["--hostname", "sandbox", "--clearenv"]
         # /tmp first: bwrap applies mounts in order, and a later tmpfs on /tmp would hide a
         # Python environment (or a read-only path) that lives under /tmp, e.g. a CI clone's venv
-        out += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+        out += ["--proc", "/proc", "--dev", "/dev", "--size", str(tmp_bytes), "--tmpfs", "/tmp"]
         for path in [*_SYSTEM_RO, *_python_roots(), *self.read_only]:
             if os.path.exists(path):
                 out += ["--ro-bind", path, path]
@@ -274,44 +364,98 @@ class Sandbox:
         }
         cwd = cwd or self.inner_work
         if self.isolation is Isolation.BWRAP:
-            cmd, popen_env, popen_cwd = (
-                self._bwrap_argv(argv, full_env, cwd, gateway),
-                full_env,
-                None,
-            )
+            argv_full = self._bwrap_argv(argv, full_env, cwd, gateway, limits.disk_bytes)
+            cmd, popen_env, popen_cwd = argv_full, full_env, None
         else:
+            log.warning("rollout sandbox %s: %s", self.root.name, FALLBACK_WARNING)
             cmd, popen_env, popen_cwd = list(argv), full_env, cwd
+        cgroup = _pids_cgroup(limits.processes)
+        nproc = limits.processes + (_user_processes() if cgroup is None else 0)
         t0 = time.monotonic()
-        proc = subprocess.Popen(
-            cmd,
-            env=popen_env,
-            cwd=popen_cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            errors="replace",
-            start_new_session=True,
-            preexec_fn=lambda: _set_limits(limits),
-        )
-        timed_out = False
         try:
-            out, err = proc.communicate(timeout=limits.time_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
-        return RunResult(proc.returncode, out, err, timed_out, time.monotonic() - t0)
+            proc = subprocess.Popen(
+                cmd,
+                env=popen_env,
+                cwd=popen_cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                errors="replace",
+                start_new_session=True,
+                preexec_fn=lambda: _set_limits(limits, cgroup, nproc),
+            )
+            killed: list[str] = []
+            done = threading.Event()
+            watchdog = threading.Thread(
+                target=self._watch_disk, args=(proc, limits, done, killed), daemon=True
+            )
+            watchdog.start()
+            try:
+                out, err = proc.communicate(timeout=limits.time_s)
+            except subprocess.TimeoutExpired:
+                killed.append("time")
+                _kill_group(proc.pid)
+                out, err = proc.communicate()
+            finally:
+                done.set()
+                watchdog.join()
+            _kill_group(proc.pid)  # background children outlive their parent otherwise
+        finally:
+            if cgroup is not None:
+                _remove_cgroup(cgroup)
+        reason = killed[0] if killed else None
+        if reason == "disk":
+            err += f"\n[clawrl sandbox] killed: work/ + home/ passed {limits.disk_bytes} bytes\n"
+        return RunResult(proc.returncode, out, err, reason == "time", time.monotonic() - t0, reason)
+
+    def _watch_disk(
+        self, proc: subprocess.Popen[str], limits: Limits, done: threading.Event, killed: list[str]
+    ) -> None:
+        while not done.wait(limits.disk_check_s):
+            if _tree_bytes(self.work, self.home) > limits.disk_bytes:
+                killed.append("disk")
+                _kill_group(proc.pid)
+                return
 
     def close(self) -> None:
         """Stop the relay and delete the sandbox directory."""
+        self._relay_stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def _relay_stop(self) -> None:
         if self._relay is not None:
             self._relay.stop()
             self._relay = None
-        shutil.rmtree(self.root, ignore_errors=True)
 
     def __enter__(self) -> Sandbox:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _remove_cgroup(group: Path, wait_s: float = 5.0) -> None:
+    """Kill what is left in ``group`` and remove it (a cgroup with members cannot be removed)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            pids = [int(p) for p in (group / "cgroup.procs").read_text().split()]
+        except OSError:
+            pids = []
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        try:
+            group.rmdir()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                log.warning("could not remove cgroup %s", group)
+                return
+            time.sleep(0.05)
