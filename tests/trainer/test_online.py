@@ -132,3 +132,22 @@ def test_crash_after_checkpoint_resumes_without_training_twice(world):
     assert version == 1 and fresh.trainer.step == 1
     assert all(store.get_sample(t).status == "trained" for t in ids)
     assert asyncio.run(fresh.collect()) == 0
+
+
+def test_samples_gone_stale_while_waiting_are_dropped_not_retried_forever(world):
+    # seen in the demo: samples collected before a pause went stale while they waited, and the
+    # learner retried the batch the trainer refused ("all 4 samples are stale") for ever
+    policy, engine, store, tmp = world
+    old = _record(policy, engine, store, 4, score=1)
+    learner = _learner(policy, engine, store, tmp, method="rl")
+    assert asyncio.run(learner.collect()) == 4
+    learner.trainer.policy_version = learner.config.max_staleness + 1  # steps taken meanwhile
+    assert asyncio.run(learner.step_if_ready()) is None
+    assert all(store.get_sample(t).reason == "stale" for t in old)
+    assert learner._ready == {} and learner.state.drops["drop/stale"] == 4
+    fresh = _record(policy, engine, store, 4, score=1)
+    for t in fresh:  # as if sampled by the current version
+        store.update_turn(t, policy_version=learner.trainer.policy_version)
+    assert asyncio.run(learner.collect()) == 4
+    m = asyncio.run(learner.step_if_ready())
+    assert m is not None and all(store.get_sample(t).status == "trained" for t in fresh)

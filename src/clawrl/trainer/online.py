@@ -242,8 +242,27 @@ class OnlineLearner:
 
     # ---------------------------------------------------------------- stepping
 
+    async def evict_stale(self) -> int:
+        """Drop ready samples that went stale while they waited (``drop/stale``): a sample is
+        checked when collected, but steps taken since may have pushed it past
+        ``max_staleness`` (e.g. samples left over when training paused). Without this the
+        learner would retry a batch the trainer refuses, forever. Returns how many went."""
+        stale = [
+            t
+            for t, s in self._ready.items()
+            if self.trainer.policy_version - s.policy_version > self.config.max_staleness
+        ]
+        if stale:
+            drops = [self._drop(t, DropReason.STALE) for t in stale]
+            await asyncio.to_thread(self.store.record_samples, drops)
+            for t in stale:
+                del self._ready[t]
+            self.state.ready = len(self._ready)
+        return len(stale)
+
     async def step_if_ready(self) -> dict[str, float] | None:
         """Train one step when ``batch_size`` samples are ready; returns its metrics."""
+        await self.evict_stale()
         if len(self._ready) < self.config.batch_size:
             return None
         if self.step_limit is not None and self.trainer.step >= self.step_limit:
