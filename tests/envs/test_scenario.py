@@ -74,7 +74,14 @@ def test_a_new_scenario_file_works(tmp_path):
         (lambda t: t.replace('kind = "max_words"\nlimit = 12', 'kind = "max_words"'),
          r"checks\[1\] \(short\)\.limit: Field required"),
         (lambda t: t.replace('kind = "max_words"', 'kind = "max_wordz"'),
-         r"checks\[1\] \(short\).*max_wordz"),
+         r"checks\[1\] \(short\)\.kind: .*max_wordz"),
+        # found by a helper writing a scenario from the docs alone
+        (lambda t: t.replace("max_tokens = 128", 'max_tokens = "128"'), r"answer\.max_tokens"),
+        (lambda t: t.replace("limit = 12", 'limit = "12"'), r"checks\[1\] \(short\)\.limit"),
+        (lambda t: t.replace("metric units please, not {evidence}", "over {limit}"),
+         r"checks\[0\] \(metric\)\.complaints: .*\['limit'\].*never fills"),
+        (lambda t: t.replace('source = "generated"', 'source = "nope.jsonl"'),
+         r"problems\.source: no such file"),
         (lambda t: t.replace('limit = 12', 'limit = 0'), r"checks\[1\] \(short\)\.limit"),
         (lambda t: t.replace('name = "short"', 'name = "metric"'), "unique"),
         (lambda t: t.replace("{evidence} words", "{count} words"), r"unknown slot.*count"),
@@ -91,6 +98,18 @@ def test_a_malformed_scenario_names_the_field(tmp_path, edit, needle):
     with pytest.raises(ConfigError, match=needle) as err:
         load_scenario(f)
     assert str(f) in str(err.value)
+
+
+def test_a_problems_file_must_leave_problems_to_train_on(tmp_path):
+    rows = [f'{{"question": "What is {i} + 1?", "answer": "#### {i + 1}"}}' for i in range(4)]
+    (tmp_path / "p.jsonl").write_text("\n".join(rows) + "\n")
+    f = tmp_path / "s.toml"
+    f.write_text(CHEF.replace('source = "generated"', 'source = "p.jsonl"'))
+    with pytest.raises(ConfigError, match=r"problems\.held_out: 5 held out, but p\.jsonl has 4"):
+        load_scenario(f)
+    f.write_text(CHEF.replace('source = "generated"', 'source = "p.jsonl"').replace(
+        "held_out = 5", "held_out = 2"))  # fmt: skip
+    assert load_scenario(f).dataset() == str(tmp_path / "p.jsonl")
 
 
 def test_missing_and_not_toml(tmp_path):

@@ -14,8 +14,9 @@ kind                  passes when the response ...                         evide
 ``max_sentences``     has at most ``limit`` sentences                      the sentence count
 ``starts_with``       begins with one of ``prefixes`` (case-insensitive)   its first words
 ``ends_with``         ends with one of ``suffixes`` (case-insensitive)     its last words
-``states_number``     contains a number                                    —
-``number_first``      states a number within its first ``words`` words     its first words
+``states_number``     contains a number in digits ("3", "1/2", "2.5")       —
+``number_first``      has a number in digits within its first ``words``    its first words
+                      words
 ``no_bold``           has no ``**bold**`` / ``__bold__``                   the bold text
 ``no_headers``        has no markdown heading (``#``, setext)              the heading
 ``no_numbered_list``  has no numbered list (two lines ``1.``, or one ``1``)  the line
@@ -48,7 +49,7 @@ CheckFn = Callable[[str, Any], tuple[bool | None, str | None]]
 
 
 class _Kind(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     def fn(self) -> CheckFn:  # pragma: no cover - every kind overrides it
         raise NotImplementedError
@@ -207,7 +208,8 @@ class NumberFirst(_Kind):
         def check(response: str, _: Any) -> tuple[bool | None, str | None]:
             head = " ".join(response.split()[: self.words])
             ok = re.search(r"\d", head) is not None
-            return ok, None if ok else _first_words(response)
+            # at most ``words`` words: a quote that reaches the number would contradict the user
+            return ok, None if ok else _first_words(response, min(self.words, 5))
 
         return check
 

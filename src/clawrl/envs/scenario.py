@@ -20,9 +20,13 @@ are such files (``clawrl/scenarios/*.toml``)::
 
     [answer]
     max_tokens = 256              # the policy's answer budget (the server default)
+    temperature = 1.0             # sampling of training sessions (evaluation is greedy)
+    max_turns = 4                 # judged answers per session at most
 
     [replies]
-    style = "casual"              # or "polite"
+    style = "casual"              # casual: random capitals, a final period added;
+                                  # polite: phrasings sent as written, joined in lowercase
+    max_complaints = 3            # checks named per reply at most
     thanks = ["perfect, thanks!!", "..."]
     sign_offs = ["never mind then", "..."]
     leads = ["hmm", "ok but", ""]
@@ -37,8 +41,21 @@ are such files (``clawrl/scenarios/*.toml``)::
 
 Slots: ``{question}`` (openings), ``{work}`` (grading openings), and in complaints
 ``{evidence}`` (what the check found), ``{limit}`` (a kind's limit), ``{step}``, ``{wrong}``,
-``{right}`` (the slip of graded work). A malformed file is refused with a
-:class:`~clawrl.errors.ConfigError` that names the file and the field.
+``{right}`` (the slip of graded work: ``names_fix`` only). A complaint may use only the slots
+its kind fills (no ``{evidence}`` on a kind whose evidence is ``—``, no ``{limit}`` on a kind
+without a limit). Check names are lowercase identifiers (``no_bold``). Grading scenarios set
+``[task] flaw_rate`` (the share of worked solutions with a slip, 0.5).
+
+A problems file is GSM8K-format JSONL: one ``{"question": ..., "answer": "... #### 42"}`` per
+line (:func:`clawrl.envs.data.load_gsm8k`); it must exist and hold more than ``held_out``
+problems. A malformed file is refused with a :class:`~clawrl.errors.ConfigError` that names the
+file and the field.
+
+Scoring an answer without a model::
+
+    spec = load_scenario("my.toml")
+    result = spec.rubric().evaluate("3 cups.", None)   # context: the task's (None: homework)
+    result.score, result.failed, result.checks         # mean pass rate, failed names, per check
 """
 
 from __future__ import annotations
@@ -50,7 +67,15 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from clawrl.envs.checks import CHECK_KINDS, CheckKind, build_check
 from clawrl.envs.rubric import Check, Rubric
@@ -83,7 +108,8 @@ def _check_slots(values: list[str], allowed: set[str], what: str) -> list[str]:
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: TOML has real ints and strings, so "96" for a number is a mistake, not a value
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class ProblemsSpec(_Section):
@@ -138,6 +164,8 @@ class RepliesSpec(_Section):
 
 
 _COMPLAINT_SLOTS = {"evidence", "limit", "step", "wrong", "right"}
+_NO_EVIDENCE = {"pattern_present", "states_number", "praises_work", "cites_work"}
+"""Kinds whose checks report no evidence (``—`` in :mod:`clawrl.envs.checks`)."""
 
 
 class CheckSpec(_Section):
@@ -146,13 +174,30 @@ class CheckSpec(_Section):
 
     name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
     description: str = Field(min_length=1)
+    rule: CheckKind  # before complaints: their validator reads it
     complaints: list[str] = Field(min_length=1)
-    rule: CheckKind
 
     @field_validator("complaints")
     @classmethod
-    def _complaints(cls, v: list[str]) -> list[str]:
-        return _check_slots(v, _COMPLAINT_SLOTS, "complaint")
+    def _complaints(cls, v: list[str], info: ValidationInfo) -> list[str]:
+        _check_slots(v, _COMPLAINT_SLOTS, "complaint")
+        rule = info.data.get("rule")
+        if rule is None:
+            return v
+        allowed = {"evidence"} if rule.kind not in _NO_EVIDENCE else set()
+        if (getattr(rule, "limit", None) or getattr(rule, "words", None)) is not None:
+            allowed.add("limit")
+        if rule.kind == "names_fix":
+            allowed |= {"step", "wrong", "right"}
+        for text in v:
+            empty = _slots(text) - allowed
+            if empty:
+                raise ValueError(
+                    f"complaint {text!r} uses slot(s) {sorted(empty)} that a {rule.kind!r} "
+                    f"check never fills (it would be sent empty); this kind fills: "
+                    f"{sorted(allowed) or 'none'}"
+                )
+        return v
 
     @property
     def limit(self) -> int | None:
@@ -226,8 +271,27 @@ def _errors(e: ValidationError, prefix: str = "") -> list[_Located]:
         loc = [str(x) for x in err["loc"] if not str(x).startswith(("function-", "tagged-union"))]
         if len(loc) >= 2 and loc[0] in CHECK_KINDS:  # the union member pydantic names
             loc = loc[1:]
-        out.append(_Located(prefix + ".".join(loc), err["msg"]))
+        if not loc and err["type"].startswith("union_tag"):
+            loc = ["kind"]
+        where = prefix + ".".join(loc) if loc else prefix.rstrip(".") or "(file)"
+        out.append(_Located(where, err["msg"]))
     return out
+
+
+def _dataset_problems(spec: ScenarioSpec) -> list[_Located]:
+    """A problems file that is missing, or has too few problems for ``held_out``."""
+    path = spec.dataset()
+    if path is None:
+        return []
+    p = Path(path)
+    if not p.is_file():
+        return [_Located("problems.source", f"no such file: {p} (a GSM8K-format JSONL file)")]
+    with p.open(encoding="utf-8") as f:
+        count = sum(1 for line in f if line.strip())
+    if spec.problems.held_out >= count:
+        return [_Located("problems.held_out", f"{spec.problems.held_out} held out, but {p.name} "
+                         f"has {count} problems: hold out fewer, so some are left to train on")]  # fmt: skip
+    return []
 
 
 def parse_scenario(data: dict[str, Any], *, source: str = "<scenario>") -> ScenarioSpec:
@@ -266,9 +330,13 @@ def parse_scenario(data: dict[str, Any], *, source: str = "<scenario>") -> Scena
     body = {**data, "checks": checks if isinstance(raw_checks, list) else raw_checks}
     if not problems:
         try:
-            return ScenarioSpec.model_validate({**body, "path": body.get("path") or None})
+            spec = ScenarioSpec.model_validate({**body, "path": body.get("path") or None})
         except ValidationError as e:
             problems.extend(_errors(e))
+        else:
+            problems.extend(_dataset_problems(spec))
+            if not problems:
+                return spec
     lines = "\n".join(f"  {p.path}: {p.message}" for p in problems)
     raise ConfigError(f"invalid scenario {source}:\n{lines}")
 
