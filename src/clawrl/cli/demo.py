@@ -132,10 +132,13 @@ def run(args: argparse.Namespace) -> int:
                 if st.steps > before or time.monotonic() - last_line[0] > 60:
                     last_line[0] = time.monotonic()
                     elapsed = time.perf_counter() - t0
-                    left = elapsed / total * (steps * runs - total) if total else float("nan")
+                    eta = (
+                        f"~{elapsed / total * (steps * runs - total) / 60:.0f} min left"
+                        if total
+                        else "time left known after the first step"
+                    )
                     line(f"{name}: step {st.steps}/{steps} ({total}/{steps * runs} overall), "
-                         f"{info['sessions']} sessions, {elapsed / 60:.1f} min elapsed, "
-                         f"~{left / 60:.0f} min left")  # fmt: skip
+                         f"{info['sessions']} sessions, {elapsed / 60:.1f} min elapsed, {eta}")  # fmt: skip
             elif event == "eval":
                 bars.update(step_bar, info=f"{name}: evaluating at step {info['step']}")
                 line(f"{name}: evaluating at step {info['step']}")
