@@ -83,16 +83,20 @@ def test_the_demo_trains_evaluates_and_reports(demo):
 
 
 def test_config_toml_records_what_ran(demo, tmp_path):
-    _settings, cfg, _results, report = demo
+    settings, cfg, _results, report = demo
     text = (report.parent / "config.toml").read_text()
-    assert "# rl: method = " in text and '"kind": "rl"' in text
-    assert "# combine: method = " in text and '"kind": "combine"' in text
     demo_part = text.split("[demo]")[1]
     assert "steps = 2" in demo_part and "batch_size = 2" in demo_part
     assert 'methods = ["rl", "combine"]' in demo_part and "max_tokens = 6" in demo_part
-    # the shared settings load back as they were
-    (tmp_path / "c.toml").write_text(text.split("# what each run")[0])
-    assert load_config(tmp_path / "c.toml") == cfg
+    assert "eval_temperature = 0.0" in demo_part and "max_turns = " in demo_part
+    # the [trainer] table is the first run's as trained (not the base config's method "off")
+    (tmp_path / "c.toml").write_text(text.split("\n[demo]")[0])
+    ran = load_config(tmp_path / "c.toml")
+    assert ran.trainer.method.kind == "rl" and ran.trainer.batch_size == settings.batch_size
+    assert ran.trainer.micro_batch_size == settings.batch_size
+    assert ran.trainer.keep_checkpoints == 1
+    assert ran.model == cfg.model and ran.judge == cfg.judge and ran.engine == cfg.engine
+    assert "#   combine seed 0: method = " in text and '"kind": "combine"' in text
 
 
 def test_score_table_shape(demo):

@@ -303,17 +303,36 @@ def plot(results: Sequence[MethodResult], out: Path) -> list[Path]:
 
 
 def run_config(results: Sequence[MethodResult], settings: DemoSettings, cfg: Config) -> str:
-    """``config.toml``: the settings every run shared, each method's trainer method table and
-    the demo settings — what actually ran."""
-    base = config_to_toml(cfg)
-    lines = [base, "# what each run trained with (trainer.method per demo method):"]
-    seen: set[str] = set()
-    for r in results:
-        if r.method in seen:
-            continue
-        seen.add(r.method)
-        lines.append(f"# {r.method}: method = {json.dumps(r.method_config)}")
+    """``config.toml``: what actually ran. The ``[trainer]`` table is the first run's trainer
+    config as the demo built it (method table, batch, micro-batch, checkpoints kept); the other
+    runs differ only in method, seed and output directory, listed below it. ``[demo]`` holds
+    the demo's settings with the scenario's answer budget resolved (tokens, temperature, turns,
+    held-out problems; evaluation is greedy)."""
+    from clawrl.demo.runner import method_config
+    from clawrl.envs import load_scenario
+
+    first = results[0] if results else None
+    if first is not None:
+        ran = method_config(cfg, first.method, settings, Path(first.trainer_dir).parent, first.seed)
+    else:
+        ran = cfg
+    lines = [config_to_toml(ran)]
+    if len(results) > 1:
+        lines.append("# the other runs: the same [trainer] table with")
+        for r in results[1:]:
+            lines.append(f"#   {r.method} seed {r.seed}: method = {json.dumps(r.method_config)}, "
+                         f"seed = {r.seed}, output_dir = {json.dumps(r.trainer_dir)}")  # fmt: skip
+    spec = load_scenario(settings.scenario)
     demo = {k: v for k, v in asdict(settings).items() if v is not None}
+    demo |= {
+        "eval_problems": settings.eval_problems or spec.problems.held_out,
+        "max_tokens": settings.max_tokens or spec.answer.max_tokens,
+        "temperature": spec.answer.temperature
+        if settings.temperature is None
+        else settings.temperature,
+        "eval_temperature": 0.0,
+        "max_turns": settings.max_turns or spec.answer.max_turns,
+    }
     lines += ["", "[demo]", *(f"{k} = {json.dumps(v)}" for k, v in demo.items())]
     return "\n".join(lines) + "\n"
 
