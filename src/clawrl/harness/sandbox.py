@@ -178,6 +178,16 @@ def _pids_cgroup(limit: int) -> Path | None:
     return None
 
 
+def process_cap() -> str | None:
+    """How sandboxed commands' processes are capped here: ``"cgroup"`` (a pids cgroup),
+    ``"rlimit"`` (RLIMIT_NPROC, not root), or ``None`` (root without a pids cgroup: uncapped)."""
+    group = _pids_cgroup(1)
+    if group is not None:
+        _remove_cgroup(group)
+        return "cgroup"
+    return None if os.getuid() == 0 else "rlimit"
+
+
 def _user_processes() -> int:
     """Tasks (threads included) of this real uid now: RLIMIT_NPROC counts them all."""
     uid, n = os.getuid(), 0
@@ -370,6 +380,12 @@ class Sandbox:
             log.warning("rollout sandbox %s: %s", self.root.name, FALLBACK_WARNING)
             cmd, popen_env, popen_cwd = list(argv), full_env, cwd
         cgroup = _pids_cgroup(limits.processes)
+        if cgroup is None and os.getuid() == 0:
+            log.warning(
+                "sandbox %s: processes are NOT capped (no pids cgroup can be created here, and "
+                "the kernel ignores RLIMIT_NPROC for root)",
+                self.root.name,
+            )
         nproc = limits.processes + (_user_processes() if cgroup is None else 0)
         t0 = time.monotonic()
         try:
