@@ -28,7 +28,8 @@ def run(examples: int, random: bool) -> tuple[list[str], int, float]:
          "tests/gateway/test_fuzz.py"],
         cwd=ROOT, env=env, capture_output=True, text=True,
     )  # fmt: skip
-    lines = [x for x in proc.stdout.splitlines() if x.startswith("fuzz ")]
+    # pytest's progress dots may precede a line: find the summaries anywhere
+    lines = re.findall(r"fuzz /\S+: \d+ bodies, \d+ answered, \d+ refused", proc.stdout)
     if proc.returncode != 0:
         print(proc.stdout[-4000:], proc.stderr[-2000:])
     return lines, proc.returncode, time.perf_counter() - t0

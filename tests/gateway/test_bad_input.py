@@ -112,3 +112,26 @@ def test_a_tool_call_inside_unclosed_reasoning_is_not_trained(scripted_server):
     assert r.status_code == 200
     (turn,) = served.turns()
     assert not turn.trainable and turn.untrainable_reason == "unclosed_reasoning"
+
+
+@pytest.mark.parametrize(
+    ("path", "fields"),
+    [
+        ("/v1/chat/completions",
+         '"messages": [{"role": "user", "content": "hi"}], "stop": ["a\\ud800"]'),
+        ("/v1/chat/completions",
+         '"messages": [{"role": "user", "content": "hi"}], "user": "u\\ud800"'),
+        ("/v1/messages",
+         '"messages": [{"role": "user", "content": "hi"}], "stop_sequences": ["\\udfff"]'),
+    ],
+)  # fmt: skip
+def test_a_lone_surrogate_outside_the_messages_is_a_400_too(tiny_server, path, fields):
+    # found by the full fuzz run: a surrogate in a stop string reached SQLite (500, and the
+    # call generated first)
+    before = len(tiny_server.turns())
+    body = '{"model": "tiny", "max_tokens": 4, ' + fields + "}"
+    r = httpx.post(f"{tiny_server.url}{path}", content=body,
+                   headers={"content-type": "application/json"}, timeout=60)  # fmt: skip
+    assert r.status_code == 400, r.text
+    assert "invalid Unicode" in r.text
+    assert len(tiny_server.turns()) == before

@@ -31,6 +31,7 @@ The routes only format: the response JSON or the protocol's event sequence.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -46,7 +47,7 @@ from starlette.types import Send
 
 from clawrl.chat import ChatMessage, ParsedCompletion, ToolCall, ToolChoice, ToolSpec
 from clawrl.engine import SamplingParams, TokenEvent
-from clawrl.errors import ContextLengthError, EngineError, StoreError
+from clawrl.errors import ClientInputError, ContextLengthError, EngineError, StoreError
 from clawrl.gateway.attribution import ExplicitSession, agent_facts, parent_agent_turn
 from clawrl.gateway.auth import key_fingerprint, presented_key
 from clawrl.gateway.choices import StreamedChoice, complete_choice
@@ -147,6 +148,56 @@ def client_facts(request: Request, prepared: PreparedCall, model: str | None) ->
     return {k: v for k, v in info.items() if v is not None}
 
 
+def _first_surrogate(value: Any, path: str) -> str | None:
+    """The path of the first string under ``value`` that is not encodable as UTF-8 (a lone
+    surrogate such as ``\\ud800``, which JSON can carry and SQLite cannot store)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path
+        return None
+    if isinstance(value, dict):
+        for k, v in value.items():
+            found = _first_surrogate(k, path) or _first_surrogate(v, f"{path}.{k}")
+            if found:
+                return found
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            found = _first_surrogate(v, f"{path}[{i}]")
+            if found:
+                return found
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for f in dataclasses.fields(value):
+            found = _first_surrogate(getattr(value, f.name), f"{path}.{f.name}" if path else f.name)
+            if found:
+                return found
+    return None
+
+
+def _check_unicode(req: CallRequest) -> None:
+    """Refuse a request whose recorded fields (sampling params and their stop strings, request
+    facts, the model name, the session id it names) hold a lone surrogate; messages and tools are checked where the
+    prompt is rendered (:func:`clawrl.chat.render_prompt`).
+
+    Raises:
+        ClientInputError: (400, ``invalid_unicode``) naming the field.
+    """
+    found = (
+        _first_surrogate([dataclasses.asdict(p) for p in req.params], "params")
+        or _first_surrogate(req.facts, "request")
+        or _first_surrogate(req.requested_model or "", "model")
+        or _first_surrogate(req.explicit, "session")
+    )
+    if found:
+        raise ClientInputError(
+            f"{found} contains invalid Unicode (a lone surrogate such as \\ud800); send valid "
+            "UTF-8 text",
+            param=found.split("[")[0].split(".")[-1] if found != "model" else "model",
+            code="invalid_unicode",
+        )
+
+
 async def start_call(gw: GatewayState, request: Request, req: CallRequest) -> Call:
     """Prepare, attribute and check one call (see the module docstring, step 1).
 
@@ -159,6 +210,7 @@ async def start_call(gw: GatewayState, request: Request, req: CallRequest) -> Ca
         StoreError: the store could not be read or written.
     """
     started, created = time.perf_counter(), time.time()
+    _check_unicode(req)
     agent = agent_facts(request.headers)
     client_name = (request.headers.get("user-agent") or "")[:200] or None
 
