@@ -123,6 +123,10 @@ def test_a_tool_call_inside_unclosed_reasoning_is_not_trained(scripted_server):
          '"messages": [{"role": "user", "content": "hi"}], "user": "u\\ud800"'),
         ("/v1/messages",
          '"messages": [{"role": "user", "content": "hi"}], "stop_sequences": ["\\udfff"]'),
+        # any field, even one clawrl ignores, and a key (the second full fuzz run)
+        ("/v1/chat/completions",
+         '"messages": [{"role": "user", "content": "hi"}], "metadata": {"k\\ud800": "v"}'),
+        ("/v1/responses", '"input": "hi", "unknown_field": ["\\udbff"]'),
     ],
 )  # fmt: skip
 def test_a_lone_surrogate_outside_the_messages_is_a_400_too(tiny_server, path, fields):

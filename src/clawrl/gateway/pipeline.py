@@ -32,7 +32,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -175,6 +177,38 @@ def _first_surrogate(value: Any, path: str) -> str | None:
     return None
 
 
+_ESCAPED_SURROGATE = re.compile(rb"\\[uU][dD][89a-fA-F]")
+"""A JSON escape of a UTF-16 surrogate (``\\ud800``-``\\udfff``): only such bodies are parsed again."""
+
+
+async def _check_body_unicode(request: Request) -> None:
+    """Refuse a JSON body holding a lone surrogate in any string, key or value (JSON's
+    ``"\\ud800"`` decodes to one; no field of it can be stored, logged or tokenized).
+
+    Raises:
+        ClientInputError: (400, ``invalid_unicode``) naming the first such field.
+    """
+    try:
+        raw = await request.body()  # already read (and cached) when the route parsed it
+    except Exception:  # no body to check: the route's own parsing decides
+        return
+    if _ESCAPED_SURROGATE.search(raw) is None:
+        return  # no escaped surrogate at all: the common case costs one scan
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return
+    found = _first_surrogate(data, "")
+    if found is not None:
+        field = found.lstrip(".") or "body"
+        raise ClientInputError(
+            f"{field} contains invalid Unicode (a lone surrogate such as \\ud800); send valid "
+            "UTF-8 text",
+            param=field.split("[")[0].split(".")[0],
+            code="invalid_unicode",
+        )
+
+
 def _check_unicode(req: CallRequest) -> None:
     """Refuse a request whose recorded fields (sampling params and their stop strings, request
     facts, the model name, the session id it names) hold a lone surrogate; messages and tools are checked where the
@@ -210,6 +244,7 @@ async def start_call(gw: GatewayState, request: Request, req: CallRequest) -> Ca
         StoreError: the store could not be read or written.
     """
     started, created = time.perf_counter(), time.time()
+    await _check_body_unicode(request)
     _check_unicode(req)
     agent = agent_facts(request.headers)
     client_name = (request.headers.get("user-agent") or "")[:200] or None
