@@ -14,9 +14,9 @@ depend on the prompt (:func:`harness_reply`), so the order of side calls does no
 * the last user turn is the task: ``call`` (the harness's own shell tool, creating a file).
 
 Harness prompts are tens of thousands of tokens: the engine's context window is set far beyond
-them (:data:`SCRIPTED_CONTEXT`). Every HTTP exchange is logged (method, path, status; bodies in
-``requests/`` under the test's temp dir) so a test can assert "no 5xx" and a failure can be
-read.
+them (:data:`SCRIPTED_CONTEXT`). Every HTTP exchange is recorded
+(:class:`clawrl.gateway.traffic.TrafficRecorder`; written to ``requests-N.json.gz`` under the
+test's temp dir) so a test can assert "no 5xx" and a failure can be read.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ import pytest
 from clawrl.gateway import create_app
 from clawrl.gateway.testing import LiveServer, ScriptedEngine, tool_call_text
 from clawrl.gateway.testing import harness_reply as scripted_harness_reply
+from clawrl.gateway.traffic import Recording, TrafficRecorder
 from clawrl.store import Store, TurnKind, TurnRecord, TurnStatus
 from clawrl.trajectory import load_tree
 from clawrl.trajectory.next_state import NextStateRole, next_state
@@ -72,70 +73,13 @@ def harness_reply(tokenizer: Any, call: str, final: str):
 
 
 @dataclass
-class Exchange:
-    """One HTTP exchange the gateway answered."""
-
-    method: str
-    path: str
-    status: int
-    headers: dict[str, str]
-    body: Any = None
-
-
-class RecordingApp:
-    """ASGI wrapper that logs each HTTP exchange (and dumps request bodies to ``dump_dir``)."""
-
-    def __init__(self, app: Any, dump_dir: Path) -> None:
-        self.app = app
-        self.dump_dir = dump_dir
-        self.exchanges: list[Exchange] = []
-        dump_dir.mkdir(parents=True, exist_ok=True)
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        chunks: list[bytes] = []
-
-        async def recv() -> Any:
-            msg = await receive()
-            if msg["type"] == "http.request":
-                chunks.append(msg.get("body", b""))
-            return msg
-
-        status = {"code": 0}
-
-        async def snd(msg: Any) -> None:
-            if msg["type"] == "http.response.start":
-                status["code"] = msg["status"]
-            await send(msg)
-
-        try:
-            await self.app(scope, recv, snd)
-        finally:
-            headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-            headers.pop("authorization", None)
-            headers.pop("x-api-key", None)
-            raw = b"".join(chunks)
-            try:
-                body = json.loads(raw) if raw else None
-            except ValueError:
-                body = raw.decode("utf-8", "replace")
-            ex = Exchange(scope["method"], scope["path"], status["code"], headers, body)
-            n = len(self.exchanges)
-            self.exchanges.append(ex)
-            dump = {"method": ex.method, "path": ex.path, "status": ex.status, "headers": headers}
-            (self.dump_dir / f"{n:03d}.json").write_text(json.dumps({**dump, "body": body}))
-
-
-@dataclass
 class HarnessGateway:
     """A live gateway for one harness run, and what the test inspects afterwards."""
 
     server: LiveServer
     store: Store
     engine: ScriptedEngine
-    app: RecordingApp
+    app: TrafficRecorder
     work: Path
     home: Path
     command: str
@@ -217,15 +161,17 @@ def harness_gateway(tokenizer, tmp_path) -> Iterator[Any]:
         )
         store = Store(tmp_path / "store.db")
         app = create_app(engine, tokenizer, store, model_name="tiny")
-        recording = RecordingApp(app, tmp_path / "requests")
+        recording = TrafficRecorder(app)
         server = LiveServer(recording).start()
-        started.append((server, store))
+        started.append((server, store, recording))
         return HarnessGateway(server, store, engine, recording, work, home, command, target)
 
     yield make
-    for server, store in started:
+    for i, (server, store, recording) in enumerate(started):
         server.stop()
         store.close()
+        dump = Recording("e2e", "", "e2e", "what the harness sent", [], recording.exchanges)
+        dump.save(tmp_path / f"requests-{i}.json.gz")  # for reading a failure
 
 
 def shell_command(work: Path, name: str) -> tuple[str, Path]:

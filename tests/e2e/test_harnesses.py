@@ -13,7 +13,7 @@ claude    Anthropic Messages          ``Bash``                ``x-claude-code-se
 codex     OpenAI Responses            ``exec_command``        ``session-id`` header
 opencode  chat completions            ``bash``                ``x-session-id``
 qwen      chat completions            ``run_shell_command``   inferred (prefix)
-openclaw  chat completions            ``exec``                inferred (prefix)
+openclaw  chat completions            ``exec``                ``Runtime: sessionId=`` line
 mini      chat completions            ``bash``                inferred (prefix)
 ========  ==========================  ======================  =============================
 """
@@ -133,7 +133,7 @@ def test_openclaw(harness_gateway, e2e):
     argv = [str(openclaw), "agent", "exec", e2e.task, "--config", str(config)]
     argv += ["--cwd", str(gw.work), "--model", "clawrl/tiny", "--json"]
     gw.run(argv, {"OPENCLAW_CONFIG_PATH": str(config)})
-    call = e2e.assert_run(gw, "inferred")
+    call = e2e.assert_run(gw, "body:openclaw_runtime")
     later = [t for t in gw.turns() if t.created_at > call.created_at]
     assert any("dropped_messages" in t.sampling_params for t in later)
 

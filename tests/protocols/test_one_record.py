@@ -109,8 +109,11 @@ def test_the_same_conversation_gives_the_same_turn_through_every_protocol(script
         == _without_ids(responses.request_messages)
     )
     assert chat.completion_ids == messages.completion_ids == responses.completion_ids
-    # inferred attribution groups them: the same prompt is a retry of the first call
-    assert chat.session_id == messages.session_id == responses.session_id
+    # the same prompt after a *successful* call, without a retry mark, is another client
+    # starting the same way: each opens its own session, and says which call it repeated
+    assert len({chat.session_id, messages.session_id, responses.session_id}) == 3
+    assert messages.client["attribution"] == responses.client["attribution"] == "inferred:new"
+    assert messages.client["attribution_evidence"] == {"same_prompt_as": chat.id}
 
 
 def test_openclaw_internal_context_is_left_out_so_turns_link(scripted):

@@ -295,6 +295,49 @@ def test_find_extendable_turns_verifies_ids_not_just_digests(store: Store) -> No
     assert [t.id for t in store.find_extendable_turns([1, 2, 3, 4])] == [real.id]
 
 
+def test_recent_turns_filters(store: Store) -> None:
+    now = time.time()
+    inferred = store.new_session()
+    named = store.get_or_create_session("named", SessionSource.HEADER)
+    bob = {"user_agent": "bob/1", "api_key_fingerprint": "fb"}
+    old = TurnRecord(inferred.id, [1, 2, 3], [4], [-0.1], created_at=now - 7200, client=bob)
+    a = TurnRecord(inferred.id, [1, 2, 3, 5], [4], [-0.1], created_at=now - 20, client=bob)
+    b = TurnRecord(inferred.id, [9], [4], [-0.1], created_at=now - 10, kind=TurnKind.SIDE)
+    c = TurnRecord("named", [1, 2, 3], [4], [-0.1], created_at=now - 5, client=bob)
+    for t in (old, a, b, c):
+        store.record_turn(t)
+    assert [t.id for t in store.recent_turns(3600, now=now)] == [c.id, b.id, a.id]
+    assert [t.id for t in store.recent_turns(3600, inferred_only=True, now=now)] == [b.id, a.id]
+    assert [t.id for t in store.recent_turns(3600, main_only=True, now=now)] == [c.id, a.id]
+    assert [t.id for t in store.recent_turns(3600, client_match=bob, now=now)] == [c.id, a.id]
+    alice = {"user_agent": "alice/1", "api_key_fingerprint": None}
+    assert store.recent_turns(3600, client_match=alice, now=now) == []
+    store.end_session(named.id)
+    assert [t.id for t in store.recent_turns(3600, client_match=bob, now=now)] == [a.id]
+    with pytest.raises(StoreError):
+        store.recent_turns(client_match={"x') OR 1=1 --": 1})
+
+
+def test_find_dropped_answer_turns(store: Store) -> None:
+    gen = [77, 78]
+    context = list(range(100, 140))
+    session = store.new_session()
+    dropped = TurnRecord(session.id, [*context, *gen], [5, 6], [-0.1, -0.1])
+    short = TurnRecord(session.id, [1, 2, *gen], [5], [-0.1])  # context under the minimum
+    store.record_turn(dropped)
+    store.record_turn(short)
+    follow = [*context, 90, 91]  # the answer dropped, a new user message appended
+    assert [t.id for t in store.find_dropped_answer_turns(follow, gen)] == [dropped.id]
+    assert store.find_dropped_answer_turns([*context, *gen], gen) == []  # the same call again
+    assert store.find_dropped_answer_turns([*context, *gen, 5, 6, 1], gen) == []  # extends it
+    assert store.find_dropped_answer_turns([*context[:-1], 3, 90], gen) == []  # differs inside
+    assert [t.id for t in store.find_dropped_answer_turns([1, 2, 90], gen, min_context=2)] == [
+        short.id
+    ]
+    other = {"user_agent": "someone-else"}
+    assert store.find_dropped_answer_turns(follow, gen, client_match=other) == []
+
+
 def test_memory_path_refused_and_closed_store(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="file path"):
         Store(":memory:")

@@ -106,6 +106,13 @@ class SamplingConfig(_Section):
     """Default sampling parameters (requests may override them)."""
 
     max_tokens: int = Field(256, ge=1, le=1_000_000, description="New tokens per completion.")
+    responses_max_tokens: int = Field(
+        4096,
+        ge=1,
+        le=1_000_000,
+        description="New tokens for a Responses call without max_output_tokens (Codex sends "
+        "none; capped at what fits the context).",
+    )
     temperature: float = Field(0.7, ge=0.0, le=10.0, description="0 means greedy decoding.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     top_k: int = Field(0, ge=0, description="Keep the k most likely tokens; 0 disables.")

@@ -7,34 +7,43 @@ Explicit attribution, first match wins (recorded as the turn's ``session_source`
    ``X-Claude-Code-Session-Id`` and ``Session-Id`` (Codex) (``header``);
 3. body fields ``session_id``, ``metadata.session_id``, ``metadata.user_id`` when it is a JSON
    string holding a ``session_id`` (Claude Code), ``user``, then ``prompt_cache_key`` (Codex; the
-   Responses route passes it) (``body``).
+   Responses route passes it) (``body``);
+4. a session id the harness writes into its prompt: OpenClaw's ``Runtime: ... sessionId=ID``
+   line (:func:`harness_session`, ``body:openclaw_runtime``).
 
-Otherwise the call is linked by its prompt ids (``inferred``): a call whose prompt extends an
-open session's recorded ``prompt + completion`` joins that session, with the longest such turn
-as its parent (:meth:`clawrl.store.Store.find_extendable_turns`); a call whose prompt equals an
-earlier call's prompt (a retry, or another choice) joins that call's session as its sibling;
-anything else opens a new session. No call is ever discarded for lack of a session.
+Otherwise the call is inferred (``inferred:RULE``) by :func:`link_call`: an exact prefix of a
+recorded ``prompt + completion``, a retry (of a failed call, or marked a retry by the client),
+a history that echoes recorded answers, a prompt that repeats an earlier one with its answer
+dropped, a side call joining its client's latest session, else a new session. Each rule records
+a confidence (``exact``, ``medium``, ``low``) and its evidence on the turn
+(``client.attribution_confidence``, ``client.attribution_evidence``). No call is ever
+discarded for lack of a session; an identical first prompt from a second client is never taken
+for a retry of the first one's successful call.
 
-Within an explicitly named session the parent hint is found the same way, among that session's
-turns only. Parents are hints: :func:`clawrl.trajectory.build_tree` re-derives the tree by ids.
+Within an explicitly named session the parent hint is found by the exact rules, among that
+session's turns only. Parents are hints: :func:`clawrl.trajectory.build_tree` re-derives the
+tree by ids.
 
-Subagents (Claude Code sends ``X-Claude-Code-Agent-Id`` and ``X-Claude-Code-Parent-Agent-Id``
-with the parent's session id): a subagent's calls stay in the parent's session, where their own
-system prompt makes them a branch of their own (a new root, linked by ids among themselves);
-:func:`agent_facts` records both ids on each turn, and :func:`parent_agent_turn` the parent
-agent's latest turn when the subagent called (``client.parent_agent_turn_id``), which links the
-branch to the call that spawned it.
+Subagents (Claude Code sends ``X-Claude-Code-Agent-Id``, and ``X-Claude-Code-Parent-Agent-Id``
+for nested ones, with the parent's session id): a subagent's calls stay in the parent's session,
+as a branch of their own (the tree links a turn only to turns of the same agent);
+:func:`agent_facts` records the ids on each turn, and :func:`spawning_turn` links the agent's
+first call to the parent-agent turn whose tool call launched it (``client.parent_agent_turn_id``
+and ``client.spawn_link``).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import re
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+from clawrl.chat import ChatMessage
 from clawrl.errors import ClientInputError
-from clawrl.store import SessionSource, Store, TurnRecord
+from clawrl.store import SessionSource, Store, TurnRecord, TurnStatus
 
 SESSION_HEADERS = ("x-session-id", "x-claude-code-session-id", "session-id")
 """Headers that name a session, in priority order (compared in lower case)."""
@@ -70,13 +79,19 @@ class Link:
 
     Attributes:
         session_id: its session (``None``: open a new one).
-        parent_turn_id: the turn whose ``prompt + completion`` its prompt extends, if any.
-        detail: how it was found (``prefix``, ``retry``, ``new``).
+        parent_turn_id: the turn whose ``prompt + completion`` its prompt extends, if any (a
+            hint: the tree re-derives parents by ids).
+        detail: which rule of :func:`link_call` found it (``prefix``, ``retry``, ``echo``,
+            ``dropped_answer``, ``side_recent``, ``new``).
+        confidence: ``exact`` (ids or an explicit id), ``medium`` or ``low``.
+        extra: the evidence, recorded with the turn (e.g. ``echoed_tokens``).
     """
 
     session_id: str | None
     parent_turn_id: str | None
     detail: str
+    confidence: str = "exact"
+    extra: Mapping[str, Any] = field(default_factory=dict)
 
 
 def _check_id(value: Any, where: str) -> str | None:
@@ -163,32 +178,148 @@ def agent_facts(headers: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
-def parent_agent_turn(store: Store, session_id: str, parent_agent_id: str) -> str | None:
-    """The latest turn of agent ``parent_agent_id`` in the session (blocking store read): the
-    call that was waiting on the subagent. A turn without an ``agent_id`` is the main agent's,
-    which is what a parent id that no turn carries refers to.
+MIN_ECHO_TOKENS = 16
+"""History echo needs at least this many recorded completion tokens, in messages that match one
+session only, before it joins a session (a short ``"OK."`` is said in many sessions)."""
+MIN_CONTEXT_TOKENS = 32
+"""A dropped-answer continuation must repeat at least this many tokens of an earlier prompt."""
+DROPPED_WINDOW_S = 600.0
+"""A dropped-answer continuation follows the dropped call within this many seconds."""
+SIDE_RECENT_S = 300.0
+"""A side call without any other link joins the session of the same client's latest main turn
+within this many seconds."""
 
-    Returns:
-        Its turn id, or ``None`` when the session has no turn yet.
+_RUNTIME_SESSION = re.compile(
+    r"^Runtime:[^\n]*?\bsessionId=([A-Za-z0-9._:-]{4,128})(?=[\s|]|$)", re.MULTILINE
+)
+
+
+def harness_session(messages: Sequence[ChatMessage]) -> ExplicitSession | None:
+    """A session id a harness writes into its prompt instead of a header (``None``: none).
+
+    OpenClaw (2026.9.x) sends no session header, but every call's first user message carries a
+    ``Runtime: agent=main | session=... | sessionId=ID | host=...`` line, unchanged across its
+    retries (which rewrite the message text) and turns (``body:openclaw_runtime``). Only the
+    first user message is read, and only a line that starts with ``Runtime:`` (a tool output
+    quoting such a line later in the conversation does not count).
     """
-    turns = store.session_turns(session_id)
-    own = [t for t in turns if (t.client or {}).get("agent_id") == parent_agent_id]
-    main = [t for t in turns if not (t.client or {}).get("agent_id")]
-    pick = own or main
-    return max(pick, key=lambda t: t.created_at).id if pick else None
+    found = _RUNTIME_SESSION.search(first_user_text(messages))
+    if found:
+        return ExplicitSession(found.group(1), SessionSource.BODY, "body:openclaw_runtime")
+    return None
 
 
-def link_by_prompt(store: Store, prompt_ids: Sequence[int], session_id: str | None) -> Link:
-    """Find the session and parent turn of a call from its prompt ids (blocking store reads).
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
 
-    Args:
-        store: the trajectory store.
-        prompt_ids: the exact ids the engine will receive.
-        session_id: restrict to this session (explicit attribution), or ``None`` to search
-            every open session.
+
+def first_user_text(messages: Sequence[ChatMessage]) -> str:
+    """The text of the first user message (``""`` when there is none)."""
+    return next((m.content or "" for m in messages if m.role == "user"), "")
+
+
+def spawning_turn(
+    store: Store, session_id: str, agent_id: str, parent_agent_id: str | None, first_user: str
+) -> tuple[str | None, str] | None:
+    """The turn that spawned subagent ``agent_id`` (blocking store read), and how it was found;
+    ``None`` when the agent already has a turn in the session (only its first call is linked).
+
+    Rule, on the turns of the parent agent (``parent_agent_id``'s when given and present, else
+    the main agent's: turns without an agent id), newest first:
+
+    1. ``tool_call_prompt``: the latest turn with a tool call one of whose string arguments (at
+       least 8 characters) occurs in the subagent's first user message: Claude Code's
+       ``Agent`` / ``Task`` tool passes the subagent its ``prompt`` argument verbatim;
+    2. ``latest_parent_turn``: else the latest such turn (the call that was waiting on it).
 
     Returns:
-        The link; ``session_id`` is ``None`` when a new session must be opened.
+        ``(turn id, rule)``, or ``(None, "none")`` when the session has no such turn.
+    """
+    if store.has_agent_turn(session_id, agent_id):
+        return None
+    everything = store.session_turns(session_id)
+    main = [t for t in everything if not t.client.get("agent_id")]
+    turns = main
+    if parent_agent_id is not None:
+        turns = [t for t in everything if t.client.get("agent_id") == parent_agent_id] or main
+    turns.sort(key=lambda t: t.created_at, reverse=True)
+    for t in turns:
+        for c in (t.output or {}).get("tool_calls") or []:
+            if any(len(s) >= 8 and s in first_user for s in _strings(c.get("arguments"))):
+                return t.id, "tool_call_prompt"
+    return (turns[0].id, "latest_parent_turn") if turns else (None, "none")
+
+
+@dataclass(frozen=True)
+class CallSignals:
+    """What a call says about itself beyond its prompt, for :func:`link_call`.
+
+    Attributes:
+        retry: the client marks the call a retry (``x-stainless-retry-count`` >= 1).
+        side: the call is a recognised side call (title, memory, ...).
+        client: who called: ``{"user_agent", "api_key_fingerprint"}`` as the turn's client
+            facts record them (``None``: unknown, every client matches).
+        echo_hashes: the :func:`clawrl.store.output_hash` of each assistant message in the
+            call's history, in order.
+    """
+
+    retry: bool = False
+    side: bool = False
+    client: Mapping[str, Any] | None = None
+    echo_hashes: tuple[str, ...] = ()
+
+    @property
+    def client_key(self) -> str | None:
+        return None if self.client is None else client_key(self.client)
+
+
+def link_call(
+    store: Store,
+    prompt_ids: Sequence[int],
+    session_id: str | None,
+    signals: CallSignals = CallSignals(),
+    generation_ids: Sequence[int] = (),
+) -> Link:
+    """Find the session and parent turn of a call (blocking store reads); module docstring.
+
+    Within a named session (``session_id``) only the exact rules run (a parent hint). For a
+    call that names none, first match wins:
+
+    1. ``prefix``: it extends a recorded ``prompt + completion`` (longest, newest): confidence
+       ``exact``;
+    2. ``retry``: its prompt equals an earlier call's *from the same client* (user agent and API
+       key, :func:`client_key`), and that call failed or the client marks this one a retry:
+       that call's sibling, ``exact``. An identical prompt after a successful call without a
+       retry mark, or from another client, is another conversation starting the same way: it
+       does not join (``new``, with ``same_prompt_as``);
+    3. ``echo``: its history repeats answers the gateway recorded (assistant messages matched by
+       output hash), at least :data:`MIN_ECHO_TOKENS` tokens of them, counted per session, in
+       messages recorded in one session only; exactly one session must have that much: that
+       session, parent hint the turn of its last echoed message, ``medium`` (a harness that
+       re-renders an earlier message, a side call carrying the conversation);
+    4. ``dropped_answer``: its prompt starts with an earlier main call's prompt minus the
+       generation prompt (at least :data:`MIN_CONTEXT_TOKENS` tokens) and goes on differently,
+       the earlier call from the same client within :data:`DROPPED_WINDOW_S`: the client
+       dropped that answer and went on (mini-swe-agent after a format error): that call's
+       session, ``medium``; when calls of several sessions qualify, none is joined;
+    5. ``side_recent``: a recognised side call joins the session of the same client's latest
+       main turn within :data:`SIDE_RECENT_S`, ``low`` (side calls are never trained, so a
+       wrong guess costs no training signal);
+    6. ``new``.
+
+    Only sessions that were themselves inferred are joined by rules 3-5, and only turns of the
+    last :data:`INFER_WINDOW_S` seconds are candidates.
+
+    Limits (documented in docs/harnesses.md): two clients that send byte-identical histories
+    cannot be told apart by content; rule 2 keeps their first calls apart, but a later call of
+    either that extends an answer both received identically joins the newer session (rule 1).
     """
     prompt = list(prompt_ids)
     for turn in store.find_extendable_turns(prompt, since_s=INFER_WINDOW_S, limit=50):
@@ -197,11 +328,82 @@ def link_by_prompt(store: Store, prompt_ids: Sequence[int], session_id: str | No
         if not turn.completion_ids:
             if turn.prompt_ids != prompt:
                 continue  # a failed call has no output to continue from
+            if session_id is None and not _same_client(turn, signals):
+                continue  # another client's failed call: rule 2 decides
             return Link(turn.session_id, turn.parent_turn_id, "retry")
         return Link(turn.session_id, turn.id, "prefix")
     same: list[TurnRecord] = store.find_turns_by_prompt(
-        prompt, session_id=session_id, since_s=INFER_WINDOW_S, limit=1
+        prompt, session_id=session_id, since_s=INFER_WINDOW_S, limit=20
     )
-    if same:
-        return Link(same[0].session_id, same[0].parent_turn_id, "retry")
-    return Link(session_id, None, "new")
+    if session_id is not None:
+        if same:
+            return Link(same[0].session_id, same[0].parent_turn_id, "retry")
+        return Link(session_id, None, "new")
+    mine = [t for t in same if _same_client(t, signals)]
+    if mine and (signals.retry or mine[0].status != TurnStatus.OK):
+        return Link(mine[0].session_id, mine[0].parent_turn_id, "retry")
+    note = {"same_prompt_as": same[0].id} if same else {}
+    echo = _echo_link(store, signals)
+    if echo is not None:
+        return echo
+    dropped = _dropped_answer_link(store, prompt, generation_ids, signals)
+    if dropped is not None:
+        return dropped
+    if signals.side and signals.client is not None:
+        latest = store.recent_turns(
+            SIDE_RECENT_S, limit=1, inferred_only=True, main_only=True, client_match=signals.client
+        )
+        if latest:
+            return Link(latest[0].session_id, None, "side_recent", "low")
+    return Link(None, None, "new", "exact", extra=note)
+
+
+def client_key(client: Mapping[str, Any]) -> str:
+    """Who called, for side-call attribution: user agent and API key fingerprint."""
+    return f"{client.get('user_agent') or ''}|{client.get('api_key_fingerprint') or ''}"
+
+
+def _same_client(turn: TurnRecord, signals: CallSignals) -> bool:
+    """Whether ``turn`` came from the caller (same user agent and API key); ``True`` when the
+    caller is unknown."""
+    return signals.client_key is None or client_key(turn.client) == signals.client_key
+
+
+def _echo_link(store: Store, signals: CallSignals) -> Link | None:
+    tokens: dict[str, int] = {}
+    last: dict[str, TurnRecord] = {}
+    now = time.time()
+    for h in signals.echo_hashes:
+        found = [t for t in store.find_turns_by_output_hash(h, limit=20) if t.completion_ids]
+        if len({t.session_id for t in found}) != 1:
+            continue  # not recorded, or said in several sessions: no evidence
+        turn = found[0]
+        if turn.session_source != SessionSource.INFERRED or now - turn.created_at > INFER_WINDOW_S:
+            continue
+        tokens[turn.session_id] = tokens.get(turn.session_id, 0) + len(turn.completion_ids)
+        last[turn.session_id] = turn
+    enough = [sid for sid, n in tokens.items() if n >= MIN_ECHO_TOKENS]
+    if len(enough) != 1:
+        return None  # no session has enough evidence, or two have: ambiguous
+    (sid,) = enough
+    return Link(sid, last[sid].id, "echo", "medium", extra={"echoed_tokens": tokens[sid]})
+
+
+def _dropped_answer_link(
+    store: Store, prompt: list[int], generation_ids: Sequence[int], signals: CallSignals
+) -> Link | None:
+    if not generation_ids or len(prompt) <= MIN_CONTEXT_TOKENS:
+        return None
+    hits = store.find_dropped_answer_turns(
+        prompt,
+        generation_ids,
+        since_s=DROPPED_WINDOW_S,
+        min_context=MIN_CONTEXT_TOKENS,
+        client_match=signals.client,
+    )
+    sessions = {t.session_id for t in hits}
+    if len(sessions) != 1:
+        return None  # none, or several sessions of this client qualify: never guess
+    best = max(hits, key=lambda t: (len(t.prompt_ids), t.created_at))
+    extra = {"dropped_turn": best.id}
+    return Link(best.session_id, best.parent_turn_id, "dropped_answer", "medium", extra=extra)

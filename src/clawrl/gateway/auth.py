@@ -1,6 +1,6 @@
 """API-key check and key fingerprints.
 
-With a key configured, every route but ``GET /healthz`` needs ``Authorization: Bearer KEY`` or
+With a key configured, every route but ``GET /healthz`` and ``/api/hello`` needs ``Authorization: Bearer KEY`` or
 ``x-api-key: KEY`` (the Anthropic SDK's header); otherwise it answers 401 in OpenAI's error
 shape (Anthropic's under ``/v1/messages``). Keys are compared in constant time. A key is never
 stored or logged: turns record only :func:`key_fingerprint` of whatever key the client
@@ -69,7 +69,7 @@ def is_loopback(host: str) -> bool:
 
 class ApiKeyMiddleware:
     """Pure ASGI middleware answering 401 (OpenAI shape) before any parsing when the key is
-    missing or wrong. ``GET /healthz`` stays open for liveness probes.
+    missing or wrong. ``GET /healthz`` and ``/api/hello`` stay open for liveness probes.
 
     Args:
         app: the wrapped ASGI app.
@@ -77,7 +77,7 @@ class ApiKeyMiddleware:
         on_reject: optional ``callable()`` per rejected request (metrics).
     """
 
-    OPEN_PATHS = frozenset({"/healthz"})
+    OPEN_PATHS = frozenset({"/healthz", "/api/hello"})
 
     def __init__(self, app: Any, api_key: str | None, on_reject: Any = None) -> None:
         self.app = app

@@ -129,11 +129,18 @@ def client_shaped(
     path: str, status: int, body: dict[str, Any], exc: BaseException | None = None
 ) -> dict[str, Any]:
     """``body`` in the error shape of the route's own protocol: Anthropic's
-    (:func:`clawrl.gateway.anthropic_format.error_json`) under ``/v1/messages``, else OpenAI's
-    (unchanged)."""
+    (:func:`clawrl.gateway.anthropic_format.error_json`) under ``/v1/messages``, else OpenAI's;
+    under ``/v1/responses`` a ``param`` of ``messages`` (a prompt too long, a template that
+    rejects the conversation) names the Responses field, ``input``."""
     from clawrl.gateway.anthropic_format import error_json, is_anthropic_path
 
-    return error_json(status, body, exc) if is_anthropic_path(path) else body
+    if is_anthropic_path(path):
+        return error_json(status, body, exc)
+    err = body.get("error")
+    responses = path.rstrip("/").endswith("/v1/responses")
+    if responses and isinstance(err, dict) and err.get("param") == "messages":
+        return {**body, "error": {**err, "param": "input"}}
+    return body
 
 
 def install_error_handlers(app: FastAPI, on_error: Any = None) -> None:

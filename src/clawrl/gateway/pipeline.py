@@ -50,7 +50,12 @@ from starlette.types import Send
 from clawrl.chat import ChatMessage, ParsedCompletion, ToolCall, ToolChoice, ToolSpec
 from clawrl.engine import SamplingParams, TokenEvent
 from clawrl.errors import ClientInputError, ContextLengthError, EngineError, StoreError
-from clawrl.gateway.attribution import ExplicitSession, agent_facts, parent_agent_turn
+from clawrl.gateway.attribution import (
+    ExplicitSession,
+    agent_facts,
+    first_user_text,
+    spawning_turn,
+)
 from clawrl.gateway.auth import key_fingerprint, presented_key
 from clawrl.gateway.choices import StreamedChoice, complete_choice
 from clawrl.gateway.decode import visible_text
@@ -142,6 +147,10 @@ def client_facts(request: Request, prepared: PreparedCall, model: str | None) ->
         "request_id": h.get("x-request-id") or h.get("x-client-request-id"),
         "retry_count": int(retry) if retry is not None and retry.isdigit() else retry,
         "attribution": prepared.attribution,
+        "attribution_confidence": None if prepared.link is None else prepared.link.confidence,
+        "attribution_evidence": dict(prepared.link.extra)
+        if prepared.link and prepared.link.extra
+        else None,
         "requested_model": model,
         # evaluation traffic (clawrl eval, the demo's before/after scores) is never trained on
         "eval": True if h.get("x-clawrl-eval", "").strip() in ("1", "true") else None,
@@ -248,23 +257,32 @@ async def start_call(gw: GatewayState, request: Request, req: CallRequest) -> Ca
     _check_unicode(req)
     agent = agent_facts(request.headers)
     client_name = (request.headers.get("user-agent") or "")[:200] or None
+    retry_count = request.headers.get("x-stainless-retry-count", "")
+    retry = retry_count.isdigit() and int(retry_count) >= 1
+    who = {
+        "user_agent": request.headers.get("user-agent"),
+        "api_key_fingerprint": key_fingerprint(presented_key(request)),
+    }
 
-    def blocking() -> tuple[PreparedCall, str | None]:
+    def blocking() -> tuple[PreparedCall, tuple[str | None, str] | None]:
         prepared = prepare_messages(
             gw.tokenizer, gw.store, req.messages, req.tools, req.tool_choice, req.explicit,
-            client_name=client_name, side_kind=req.side_kind,
+            client_name=client_name, side_kind=req.side_kind, retry=retry, client=who,
         )  # fmt: skip
-        parent = None
-        if "parent_agent_id" in agent:
-            parent = parent_agent_turn(gw.store, prepared.session_id, agent["parent_agent_id"])
-        return prepared, parent
+        spawn = None
+        if "agent_id" in agent:
+            spawn = spawning_turn(
+                gw.store, prepared.session_id, agent["agent_id"], agent.get("parent_agent_id"),
+                first_user_text(prepared.messages),
+            )  # fmt: skip
+        return prepared, spawn
 
-    prepared, parent_turn = await anyio.to_thread.run_sync(blocking)
+    prepared, spawn = await anyio.to_thread.run_sync(blocking)
     if prepared.spliced:
         gw.metrics.inc("clawrl_gateway_spliced_messages_total", len(prepared.spliced))
     client = client_facts(request, prepared, req.requested_model)
-    if parent_turn is not None:
-        client["parent_agent_turn_id"] = parent_turn
+    if spawn is not None and spawn[0] is not None:
+        client["parent_agent_turn_id"], client["spawn_link"] = spawn
     sampling = {
         **req.facts,
         "tool_choice": prepared.tool_choice.model_dump(mode="json"),

@@ -30,10 +30,16 @@ from clawrl.chat import (
     supports_native_tools,
 )
 from clawrl.chat.tool_format import TOOL_CALL_OPEN
-from clawrl.gateway.attribution import ExplicitSession, Link, link_by_prompt
+from clawrl.gateway.attribution import (
+    CallSignals,
+    ExplicitSession,
+    Link,
+    harness_session,
+    link_call,
+)
 from clawrl.gateway.ephemeral import drop_ephemeral
 from clawrl.gateway.side_calls import side_kind_from_messages
-from clawrl.gateway.splice import splice_history
+from clawrl.gateway.splice import generation_prompt_ids, message_output_hash, splice_history
 from clawrl.store import SessionSource, Store, TurnRecord
 
 
@@ -56,6 +62,8 @@ class PreparedCall:
         spliced: ``(message index, turn id)`` of history messages whose ids were replaced.
         side_kind: ``None`` for a main call, else the side-call kind
             (:mod:`clawrl.gateway.side_calls`); the turn is recorded with kind ``side``.
+        link: how :func:`clawrl.gateway.attribution.link_call` placed it (rule, confidence,
+            evidence).
         dropped: notes on client messages left out of the prompt
             (:mod:`clawrl.gateway.ephemeral`); ``messages`` is without them.
     """
@@ -74,6 +82,7 @@ class PreparedCall:
     spliced: list[tuple[int, str]] = field(default_factory=list)
     side_kind: str | None = None
     dropped: list[str] = field(default_factory=list)
+    link: Link | None = None
 
 
 def prefill_for(choice: ToolChoice, native: bool) -> str:
@@ -121,6 +130,8 @@ def prepare_messages(
     *,
     client_name: str | None = None,
     side_kind: str | None = None,
+    retry: bool = False,
+    client: dict[str, Any] | None = None,
 ) -> PreparedCall:
     """Render, splice, prefill and attribute already-normalised messages (blocking); every
     protocol (chat completions, Anthropic Messages, Responses) ends up here. Ephemeral harness
@@ -130,6 +141,10 @@ def prepare_messages(
         side_kind: a side-call kind the route already knows (e.g. from a header); otherwise it
             is recognised from the messages
             (:func:`clawrl.gateway.side_calls.side_kind_from_messages`).
+        retry: the client marks this call a retry (e.g. ``x-stainless-retry-count`` >= 1).
+        client: who called (``{"user_agent", "api_key_fingerprint"}``, as the turn records
+            them), for the rules that must follow one client
+            (:class:`clawrl.gateway.attribution.CallSignals`).
 
     Raises:
         ClientInputError: (400) a template that rejects the conversation.
@@ -137,7 +152,10 @@ def prepare_messages(
     """
     messages, dropped = drop_ephemeral(messages)
     rendered = render_prompt(tokenizer, messages, tools, choice)
+    if explicit is None:
+        explicit = harness_session(messages)
     scope = explicit.session_id if explicit else None
+    side_kind = side_kind or side_kind_from_messages(messages)
 
     def find_turns(h: str) -> list[TurnRecord]:
         found = store.find_turns_by_output_hash(h, session_id=scope) if scope else []
@@ -148,7 +166,18 @@ def prepare_messages(
     prefill = prefill_for(choice, native)
     prefill_ids = tokenizer.encode(prefill, add_special_tokens=False) if prefill else []
     prompt_ids = [*spliced.token_ids, *prefill_ids]
-    link: Link = link_by_prompt(store, prompt_ids, scope)
+    signals = CallSignals(
+        retry=retry,
+        side=side_kind is not None,
+        client=client,
+        echo_hashes=tuple(
+            message_output_hash(m)
+            for m in messages
+            if m.role == "assistant" and (m.content or m.tool_calls)
+        ),
+    )
+    gen = generation_prompt_ids(tokenizer) or []
+    link: Link = link_call(store, prompt_ids, scope, signals, gen)
     if explicit is not None:
         if store.get_session(explicit.session_id) is None:  # a read, not a write, when known
             store.get_or_create_session(explicit.session_id, explicit.source, client=client_name)
@@ -172,6 +201,7 @@ def prepare_messages(
         attribution=attribution,
         parent_turn_id=link.parent_turn_id,
         spliced=spliced.spliced,
-        side_kind=side_kind or side_kind_from_messages(messages),
+        side_kind=side_kind,
         dropped=dropped,
+        link=link,
     )

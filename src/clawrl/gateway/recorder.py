@@ -16,7 +16,8 @@ sampled with top-k / top-p (``truncated_sampling``: its log-probs are of the tru
 distribution, the trainer's and the OPD teacher's of the full one), or stopped inside an
 unclosed ``<think>`` (``unclosed_reasoning``: a tool call after it never reached the client).
 
-Side calls (:attr:`PreparedCall.side_kind`) are recorded with kind ``side``; messages left out
+Side calls (:attr:`PreparedCall.side_kind`) are recorded with kind ``side``, untrainable with
+reason ``side_call`` (data, never loss); messages left out
 of the prompt are listed in ``sampling_params["dropped_messages"]``.
 
 Writes go through :meth:`clawrl.store.Store.record_turn` (committed and fsynced on return) in a
@@ -156,6 +157,8 @@ def build_turn(ctx: CallContext, choice: ChoiceResult) -> TurnRecord:
         reason = UntrainableReason.ERROR.value
     elif not choice.token_ids:
         trainable, reason = False, UntrainableReason.NO_COMPLETION.value
+    elif p.side_kind:
+        trainable, reason = False, UntrainableReason.SIDE_CALL.value
     elif ctx.client.get("eval"):
         trainable, reason = False, UntrainableReason.EVAL.value
     elif truncated_sampling(choice.params):

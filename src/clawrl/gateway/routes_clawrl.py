@@ -1,6 +1,9 @@
 """clawrl's own routes: health, metrics, ending sessions and explicit feedback.
 
 * ``GET /healthz`` — ``{"status": "ok", "model", "policy_version"}`` (no auth).
+* ``GET`` / ``HEAD /api/hello`` — ``{"status": "ok"}``: Claude Code's connectivity preflight
+  (2.1.x sends ``HEAD /api/hello`` to its base URL before the first call); no auth, like
+  ``/healthz``.
 * ``GET /metrics`` — Prometheus text (:mod:`clawrl.gateway.metrics`).
 * ``POST /v1/sessions/{id}/end`` — close a session: later calls are no longer linked to it by
   prefix inference. 404 for an unknown session.
@@ -38,6 +41,12 @@ async def healthz(request: Request) -> dict[str, Any]:
         "model": gw.model_name,
         "policy_version": gw.engine.policy_version,
     }
+
+
+@router.api_route("/api/hello", methods=["GET", "HEAD"])
+async def hello() -> dict[str, str]:
+    """Connectivity preflight (Claude Code's ``HEAD /api/hello``): always ``{"status": "ok"}``."""
+    return {"status": "ok"}
 
 
 @router.get("/metrics")

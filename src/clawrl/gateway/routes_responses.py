@@ -122,10 +122,16 @@ def _refuse_stateful(body: ResponsesRequest) -> None:
 
 
 def sampling_params(body: ResponsesRequest, gw: GatewayState) -> SamplingParams:
-    """Engine sampling params from the body over the gateway defaults."""
+    """Engine sampling params from the body over the gateway defaults.
+
+    Without ``max_output_tokens`` the budget is ``[sampling] responses_max_tokens`` (4096 by
+    default), not the 256-token chat default: Codex sends none, and a 256-token cap would cut
+    every longer answer to ``response.incomplete``. The engine caps it at what fits after the
+    prompt.
+    """
     d = gw.defaults
     return SamplingParams(
-        max_tokens=body.max_output_tokens or d.max_tokens,
+        max_tokens=body.max_output_tokens or max(d.max_tokens, d.responses_max_tokens),
         temperature=d.temperature if body.temperature is None else body.temperature,
         top_p=d.top_p if body.top_p is None else body.top_p,
         top_k=d.top_k,

@@ -20,12 +20,17 @@ last user message   contains ``Your task is to create a detailed summary of the 
                     CHECKPOINT COMPACTION`` (Codex's local compaction prompt, 0.17x)
                     -> ``compaction``
 a system message    starts with ``You are a title generator.`` (opencode 1.x title agent)
-                    -> ``title``; starts with ``You are now acting as the managed memory
-                    extraction subagent`` (Qwen Code 0.24.x) -> ``memory``
+                    or contains ``You are naming a coding session so the user can pick it
+                    out`` (Claude Code 2.1.x interactive session title, sent with an
+                    ``output_config`` json_schema of one ``title`` field) -> ``title``;
+                    starts with ``You are now acting as the managed memory extraction
+                    subagent`` (Qwen Code 0.24.x) -> ``memory``; starts with ``You are an
+                    expert software engineer that generates concise, one-line Git commit
+                    messages`` (aider 0.86.x) -> ``commit_message``
 ==================  ==========================================================================
 
-Claude Code's interactive title request was not identified in 2.1.x (``claude -p`` sends none),
-so it is not detected; it lands as a root of its own in the session's tree.
+Every side call is stored untrainable (reason ``side_call``), is never a turn's next state, and
+never receives a session-level verdict (:mod:`clawrl.trajectory.next_state`).
 """
 
 from __future__ import annotations
@@ -43,7 +48,11 @@ COMPACTION_MARKERS = (
     "CONTEXT CHECKPOINT COMPACTION",
 )
 TITLE_SYSTEM_PREFIXES = ("You are a title generator.",)
+TITLE_SYSTEM_MARKERS = ("You are naming a coding session so the user can pick it out",)
 MEMORY_SYSTEM_PREFIXES = ("You are now acting as the managed memory extraction subagent",)
+COMMIT_SYSTEM_PREFIXES = (
+    "You are an expert software engineer that generates concise, one-line Git commit messages",
+)
 
 
 def codex_turn_metadata(headers: Mapping[str, str]) -> dict[str, Any]:
@@ -76,6 +85,10 @@ def side_kind_from_messages(messages: Sequence[ChatMessage]) -> str | None:
     systems = [(m.content or "").lstrip() for m in messages if m.role == "system"]
     if any(t.startswith(TITLE_SYSTEM_PREFIXES) for t in systems):
         return SideKind.TITLE.value
+    if any(marker in t for t in systems for marker in TITLE_SYSTEM_MARKERS):
+        return SideKind.TITLE.value
     if any(t.startswith(MEMORY_SYSTEM_PREFIXES) for t in systems):
         return SideKind.MEMORY.value
+    if any(t.startswith(COMMIT_SYSTEM_PREFIXES) for t in systems):
+        return SideKind.COMMIT_MESSAGE.value
     return None

@@ -19,7 +19,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -44,6 +44,7 @@ from clawrl.store.types import (
     SessionRecord,
     SessionSource,
     SessionSummary,
+    TurnKind,
     TurnRecord,
     new_id,
 )
@@ -350,6 +351,17 @@ class Store(LearningQueries):
             ).fetchall()
         return [row_to_turn(r) for r in rows]
 
+    def has_agent_turn(self, session_id: str, agent_id: str) -> bool:
+        """Whether the session holds a turn whose ``client.agent_id`` is ``agent_id`` (a
+        subagent's calls after its first; one indexed scan of the session, no ids decoded)."""
+        with self._read() as conn:
+            row = conn.execute(
+                "SELECT 1 FROM turns WHERE session_id = ? "
+                "AND json_extract(client, '$.agent_id') = ? LIMIT 1",
+                (session_id, agent_id),
+            ).fetchone()
+        return row is not None
+
     def find_turns_by_output_hash(
         self, output_hash: str, session_id: str | None = None, limit: int = 20
     ) -> list[TurnRecord]:
@@ -457,6 +469,99 @@ class Store(LearningQueries):
                 matches.append(row)
         matches.sort(key=lambda r: (-r["seq_len"], -r["created_at"], -r["row_order"]))
         return [row_to_turn(r) for r in matches[:limit]]
+
+    def recent_turns(
+        self,
+        since_s: float = 3600.0,
+        limit: int = 200,
+        *,
+        inferred_only: bool = False,
+        main_only: bool = False,
+        client_match: Mapping[str, Any] | None = None,
+        now: float | None = None,
+    ) -> list[TurnRecord]:
+        """Turns of open sessions created within ``since_s`` seconds before ``now``, newest
+        first.
+
+        Args:
+            since_s: the window (seconds).
+            limit: most turns returned.
+            inferred_only: only turns of sessions that were inferred (a client that names its
+                sessions is never joined by inference).
+            main_only: only turns of kind ``main``.
+            client_match: only turns whose ``client`` facts have these values (compared in
+                SQL, e.g. ``{"user_agent": ..., "api_key_fingerprint": ...}``; ``None`` values
+                match a missing key).
+        """
+        where, params = self._recent_where(since_s, inferred_only, main_only, client_match, now)
+        return self._newest_turns(where, params, limit)
+
+    def find_dropped_answer_turns(
+        self,
+        prompt_ids: Sequence[int],
+        generation_ids: Sequence[int],
+        *,
+        since_s: float = 600.0,
+        min_context: int = 32,
+        client_match: Mapping[str, Any] | None = None,
+        limit: int = 20,
+        now: float | None = None,
+    ) -> list[TurnRecord]:
+        """Recent main turns of inferred open sessions whose prompt is ``context +
+        generation_ids`` with ``context`` (at least ``min_context`` tokens) a strict prefix of
+        ``prompt_ids``, and ``prompt_ids`` not their whole prompt: calls whose answer the client
+        dropped before going on (:func:`clawrl.gateway.attribution.link_call`, rule 4). Newest
+        first; the comparison runs in SQL on the stored bytes, so only matches are decoded.
+        Turns with prefilled ids (a forced tool call) are not found.
+        """
+        gen = encode_ids(generation_ids)
+        want = encode_ids(prompt_ids)
+        g = len(generation_ids)
+        where, params = self._recent_where(since_s, True, True, client_match, now)
+        where += (
+            " AND t.prompt_len - ? >= ? AND t.prompt_len - ? < ?"
+            " AND substr(t.prompt_ids, 4 * (t.prompt_len - ?) + 1) = ?"
+            " AND substr(t.prompt_ids, 1, 4 * (t.prompt_len - ?)) = substr(?, 1, 4 * (t.prompt_len - ?))"
+            " AND substr(?, 1, 4 * t.prompt_len) != t.prompt_ids"
+        )
+        params += [g, int(min_context), g, len(prompt_ids), g, gen, g, want, g, want]
+        return self._newest_turns(where, params, limit)
+
+    def _newest_turns(self, where: str, params: list[Any], limit: int) -> list[TurnRecord]:
+        """Turns (joined with their session as ``s``) matching ``where``, newest first."""
+        with self._read() as conn:
+            rows = conn.execute(
+                f"SELECT t.* FROM turns t JOIN sessions s ON s.id = t.session_id WHERE {where} "
+                "ORDER BY t.created_at DESC, t.rowid DESC LIMIT ?",
+                [*params, int(limit)],
+            ).fetchall()
+        return [row_to_turn(r) for r in rows]
+
+    @staticmethod
+    def _recent_where(
+        since_s: float,
+        inferred_only: bool,
+        main_only: bool,
+        client_match: Mapping[str, Any] | None,
+        now: float | None,
+    ) -> tuple[str, list[Any]]:
+        where = "s.ended_at IS NULL AND t.created_at >= ?"
+        params: list[Any] = [(time.time() if now is None else now) - since_s]
+        if inferred_only:
+            where += " AND s.source = ?"
+            params.append(SessionSource.INFERRED.value)
+        if main_only:
+            where += " AND t.kind = ?"
+            params.append(TurnKind.MAIN.value)
+        for key, value in (client_match or {}).items():
+            if not key.replace("_", "").isalnum():
+                raise StoreError(f"client_match key {key!r} is not a plain field name")
+            if value is None:
+                where += f" AND json_extract(t.client, '$.{key}') IS NULL"
+            else:
+                where += f" AND json_extract(t.client, '$.{key}') = ?"
+                params.append(value)
+        return where, params
 
     # -- feedback ------------------------------------------------------------------------------
 

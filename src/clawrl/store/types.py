@@ -78,6 +78,8 @@ class UntrainableReason(StrEnum):
     # distribution, while the trainer and the OPD teacher score the full vocabulary
     UNCLOSED_REASONING = "unclosed_reasoning"  # stopped inside <think>: a tool call or answer
     # written after it was swallowed into reasoning
+    SIDE_CALL = "side_call"  # a side call (title, compaction, memory, commit message, ...):
+    # recorded as data, never trained, never a next state (see clawrl.gateway.side_calls)
 
 
 @dataclass

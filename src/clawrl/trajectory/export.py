@@ -7,6 +7,7 @@ Line format (``format: "clawrl.trajectory"``, ``version`` :data:`EXPORT_VERSION`
      "rows": [{"turn_ids", "input_ids", "loss_mask", "sampling_logprobs", "token_turn",
                "policy_versions", "trained_turn_ids", "untrained"}],      # see TrainingRow
      "turns": [{"id", "parent_id", "segment", "depth", "root_reason", "kind", "side_kind",
+                "agent_id", "spawned_by", "attribution", "attribution_confidence",
                 "status", "finish_reason", "policy_version", "prompt_len", "completion_len",
                 "trainable", "untrainable_reason",
                 "next_state": null | {"role", "ids", "messages", "child_turn_id",
@@ -64,6 +65,10 @@ def session_export(store: Store, session_id: str) -> dict[str, Any]:
                 "root_reason": None if node.root_reason is None else node.root_reason.value,
                 "kind": turn.kind.value,
                 "side_kind": turn.side_kind,
+                "agent_id": turn.client.get("agent_id"),
+                "spawned_by": node.spawned_by,
+                "attribution": turn.client.get("attribution"),
+                "attribution_confidence": turn.client.get("attribution_confidence"),
                 "status": turn.status.value,
                 "finish_reason": turn.finish_reason,
                 "policy_version": turn.policy_version,

@@ -2,10 +2,10 @@
 
 Next-state rule, for a turn T:
 
-1. If T has children, the next state comes from one child C, :meth:`SessionTree.next_child`
-   (the first by creation with status ok and kind main, else the first ok, else the first);
-   the other children (retries of the next call, side calls such as a compaction) are listed in
-   ``other_child_ids``.
+1. If T has a main child, the next state comes from one child C, :meth:`SessionTree.next_child`
+   (the first main child by creation with status ok, else the first main child; a side call
+   such as a compaction or a title request is never a next state); the other children
+   (retries of the next call, side calls) are listed in ``other_child_ids``.
 
    - ``ids`` = ``C.prompt_ids[len(T.prompt_ids) + len(T.completion_ids):]``: the tokens the
      environment added after T's sampled completion (tool results, the user's next message,
@@ -19,7 +19,7 @@ Next-state rule, for a turn T:
      message with ``tool_result`` / ``function_call_output`` parts), else ``user`` if any is a
      user message, else ``environment``.
 
-2. If T has no children, explicit feedback is the next state (role ``feedback``, no ids): the
+2. If T has no main child, explicit feedback is the next state (role ``feedback``, no ids): the
    rows about T, else, for a main-kind leaf, the session-level rows (e.g. a verdict at session
    end). Without either, T has no next state (``None``).
 

@@ -9,9 +9,17 @@ reasoning stripped by the template, compaction, a subagent with its own system p
 call) is a *root*. A retry with the same prompt as an earlier turn gets the same parent, i.e.
 becomes its *sibling*.
 
+Agents: a turn's parent must be a turn of the same agent (``client.agent_id``; the main agent
+has none), so two subagents whose calls happen to be identical never link into each other's
+branch. A subagent's first call is a root with reason ``subagent``; ``spawned_by`` names the
+parent-agent turn that launched it (the gateway's ``client.parent_agent_turn_id``, see
+:func:`clawrl.gateway.attribution.spawning_turn`) when that turn is in the session.
+
 Segments: roots in creation order get segment numbers 0, 1, ...; a root whose prompt equals an
-earlier root's prompt (a retry of a first call) is that root's sibling and shares its segment.
-Every other node has its root's segment.
+earlier root's prompt *of the same agent* (a retry of a first call) is that root's sibling and
+shares its segment. Every other node has its root's segment.
+
+Side calls (kind ``side``) are never trained (reason ``side_call``) and never a next state.
 """
 
 from __future__ import annotations
@@ -38,8 +46,9 @@ from clawrl.store import (
 class RootReason(StrEnum):
     """Why a turn is a root of the tree."""
 
-    FIRST = "first"  # no earlier turn in the session
+    FIRST = "first"  # no earlier turn in the session (a title call before it aside)
     RETRY = "retry_of_root"  # same prompt as an earlier root: its sibling, same segment
+    SUBAGENT = "subagent"  # a subagent's first call (its own system prompt): a branch of its own
     NO_PREFIX_MATCH = "no_prefix_match"  # earlier turns exist, none is a prefix: new segment
 
 
@@ -61,11 +70,14 @@ _STATUS_REASONS = {
 def untrainable_reason(turn: TurnRecord) -> str | None:
     """Why ``turn``'s sampled tokens must not be trained on, or ``None`` when they may be.
 
-    In order: a non-ok status; ``trainable=False`` (its recorded reason, else
+    In order: a non-ok status; a side call (``side_call``, also for turns recorded before
+    side calls were stored untrainable); ``trainable=False`` (its recorded reason, else
     ``marked_untrainable``); no completion ids; log-probs not aligned with the ids.
     """
     if turn.status in _STATUS_REASONS:
         return _STATUS_REASONS[TurnStatus(turn.status)]
+    if turn.kind == TurnKind.SIDE:
+        return UntrainableReason.SIDE_CALL
     if not turn.trainable:
         return turn.untrainable_reason or UntrainableReason.MARKED_UNTRAINABLE
     if not turn.completion_ids:
@@ -88,6 +100,7 @@ class TreeNode:
         untrainable_reason: see :func:`untrainable_reason` (``None``: trainable).
         root_reason: for roots, why (``None`` for other nodes).
         hint: how the gateway's ``parent_turn_id`` compared.
+        spawned_by: for a subagent's first call, the parent-agent turn that launched it.
     """
 
     turn: TurnRecord
@@ -98,6 +111,7 @@ class TreeNode:
     root_reason: RootReason | None = None
     hint: HintCheck = HintCheck.NONE
     children: list[str] = field(default_factory=list)
+    spawned_by: str | None = None
 
     @property
     def id(self) -> str:
@@ -136,24 +150,27 @@ class SessionTree:
         return out[::-1]
 
     def next_child(self, turn_id: str) -> str | None:
-        """The child whose prompt is ``turn_id``'s next state: the first (by creation) child
-        with status ok and kind main, else the first ok child, else the first child."""
-        children = [self.nodes[c].turn for c in self.nodes[turn_id].children]
-        for ok in (
-            lambda t: t.status == TurnStatus.OK and t.kind == TurnKind.MAIN,
-            lambda t: t.status == TurnStatus.OK,
-            lambda t: True,
-        ):
-            for child in children:
-                if ok(child):
-                    return child.id
-        return None
+        """The child whose prompt is ``turn_id``'s next state: the first (by creation) main
+        child with status ok, else the first main child; never a side call (a compaction or
+        title request is not what the environment answered), so ``None`` when there is no main
+        child."""
+        children = [
+            self.nodes[c].turn
+            for c in self.nodes[turn_id].children
+            if self.nodes[c].turn.kind == TurnKind.MAIN
+        ]
+        for child in children:
+            if child.status == TurnStatus.OK:
+                return child.id
+        return children[0].id if children else None
 
     def ordered_children(self, turn_id: str) -> list[str]:
         """Children with :meth:`next_child` first, then the others in creation order."""
         children = self.nodes[turn_id].children
         first = self.next_child(turn_id)
-        return [] if first is None else [first, *(c for c in children if c != first)]
+        if first is None:
+            return list(children)
+        return [first, *(c for c in children if c != first)]
 
     def leaves(self) -> list[str]:
         """Leaf turn ids in depth-first order: roots by creation, :meth:`ordered_children`."""
@@ -208,8 +225,9 @@ def build_tree(
         session_id = order[0].session_id
     nodes: dict[str, TreeNode] = {}
     roots: list[str] = []
-    root_segments: dict[str, int] = {}  # prompt digest of a root -> its segment
+    root_segments: dict[tuple[str, str], int] = {}  # (agent, prompt digest) of a root -> segment
     by_seq: dict[str, list[TurnRecord]] = {}  # seq digest -> earlier turns, creation order
+    agent_roots: set[str] = set()  # agents that already have a root
     lengths: set[int] = set()
     encoded: dict[str, bytes] = {}
     next_segment = 0
@@ -221,14 +239,24 @@ def build_tree(
         if turn.parent_turn_id is not None:
             hint = HintCheck.CONFIRMED if parent == turn.parent_turn_id else HintCheck.REJECTED
         if parent is None:
-            digest = ids_digest(turn.prompt_ids)
-            if digest in root_segments:
-                segment, root_reason = root_segments[digest], RootReason.RETRY
+            agent = _agent(turn)
+            key = (agent, ids_digest(turn.prompt_ids))
+            if key in root_segments:
+                segment, root_reason = root_segments[key], RootReason.RETRY
             else:
                 segment, next_segment = next_segment, next_segment + 1
-                root_segments[digest] = segment
-                root_reason = RootReason.NO_PREFIX_MATCH if nodes else RootReason.FIRST
+                root_segments[key] = segment
+                if agent and agent not in agent_roots:
+                    root_reason = RootReason.SUBAGENT
+                else:
+                    main_before = any(n.turn.kind == TurnKind.MAIN for n in nodes.values())
+                    first = not nodes or (turn.kind == TurnKind.MAIN and not main_before)
+                    root_reason = RootReason.FIRST if first else RootReason.NO_PREFIX_MATCH
+            agent_roots.add(agent)
             node = TreeNode(turn, None, segment, 0, reason, root_reason, hint)
+            spawner = turn.client.get("parent_agent_turn_id")
+            if agent and isinstance(spawner, str) and spawner in nodes:
+                node.spawned_by = spawner
             roots.append(turn.id)
         else:
             up = nodes[parent]
@@ -244,6 +272,12 @@ def build_tree(
     return SessionTree(session_id, nodes, roots, list(feedback))
 
 
+def _agent(turn: TurnRecord) -> str:
+    """The agent a turn belongs to (``""``: the main agent)."""
+    value = (turn.client or {}).get("agent_id")
+    return value if isinstance(value, str) else ""
+
+
 def _find_parent(
     turn: TurnRecord,
     prompt_bytes: bytes,
@@ -255,11 +289,13 @@ def _find_parent(
     if not usable:
         return None
     digests = prefix_digests(turn.prompt_ids, usable)
+    agent = _agent(turn)
     for m in sorted(usable, reverse=True):
         verified = [
             t.id
             for t in by_seq.get(digests[m], ())
             if prompt_bytes[: 4 * m] == encoded[t.id]  # exact ids, not just digests
+            and _agent(t) == agent
         ]
         if verified:
             if turn.parent_turn_id in verified:

@@ -70,6 +70,13 @@ def _label(tree: SessionTree, node: TreeNode) -> Text:
         label.append(f" [{node.root_reason.value}]", style="yellow")
     if node.hint.value == "rejected":
         label.append(" [parent hint rejected]", style="yellow")
+    if node.spawned_by is not None:
+        label.append(f" [spawned by {node.spawned_by[:8]}]", style="yellow")
+    confidence = turn.client.get("attribution_confidence")
+    if confidence in ("medium", "low"):
+        label.append(
+            f" [{turn.client.get('attribution')}, {confidence} confidence]", style="yellow"
+        )
     state = next_state(tree, node.id)
     role = "-" if state is None else state.role.value
     label.append(f"  → {role}: ", style="cyan")
