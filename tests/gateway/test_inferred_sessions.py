@@ -105,14 +105,54 @@ def test_a_marked_retry_after_success_is_a_sibling(scripted_server):
 
 
 def test_a_retry_of_a_failed_call_joins_it(scripted_server):
+    """The SDK's own retry (``x-stainless-retry-count: 1``) after a 500 is a sibling of the failed
+    call; a client that sends no count is believed when the earlier call failed."""
     served = scripted_server([EngineError("upstream down"), "Now it works."])
-    client = served.client()
-    with pytest.raises(openai.InternalServerError):
-        client.chat.completions.create(model="tiny", messages=[SYSTEM, TASK])
-    _chat(served, [SYSTEM, TASK])
+    client = openai.OpenAI(base_url=served.server.base_url, api_key="k", max_retries=1)
+    client.chat.completions.create(model="tiny", messages=[SYSTEM, TASK])
     (sid,) = _sessions(served)
     failed, ok = served.store.session_turns(sid)
-    assert failed.status.value == "error" and ok.client["attribution"] == "inferred:retry"
+    assert failed.status.value == "error" and failed.client["retry_count"] == 0
+    assert ok.client["attribution"] == "inferred:retry" and ok.client["retry_count"] == 1
+
+    served = scripted_server([EngineError("upstream down"), "Now it works."])
+    raw = httpx.Client(base_url=served.url)
+    body = {"model": "tiny", "messages": [SYSTEM, TASK]}
+    assert raw.post("/v1/chat/completions", json=body).status_code == 500
+    assert raw.post("/v1/chat/completions", json=body).status_code == 200
+    (sid,) = _sessions(served)
+    assert served.store.session_turns(sid)[1].client["attribution"] == "inferred:retry"
+
+
+def test_parallel_rollouts_are_not_taken_for_retries(scripted_server):
+    """One client, two rollouts with the same first prompt: B fails, A is a first attempt
+    (count 0), B's SDK retries (count 1): A is its own session, B's retry joins B."""
+    served = scripted_server([EngineError("B fails"), "A's answer.", "B's retry answer."])
+    b = served.client()
+    with pytest.raises(openai.InternalServerError):
+        b.chat.completions.create(model="tiny", messages=[SYSTEM, TASK])
+    _chat(served, [SYSTEM, TASK])  # rollout A: x-stainless-retry-count 0
+    assert len(_sessions(served)) == 2
+    _chat(served, [SYSTEM, TASK], headers={"x-stainless-retry-count": "1"})  # B's retry
+    # the retry matches the failed call and A's call: two sessions, so it joins neither
+    assert len(_sessions(served)) == 3
+    last = max(
+        (t for sid in _sessions(served) for t in served.store.session_turns(sid)),
+        key=lambda t: t.created_at,
+    )
+    assert last.client["attribution_evidence"]["ambiguous_retry_sessions"] == 2
+
+
+def test_odd_retry_counts_and_agent_ids(scripted_server):
+    served = scripted_server(["One.", "Two.", "Three."])
+    raw = httpx.Client(base_url=served.url)
+    body = {"model": "tiny", "messages": [SYSTEM, TASK]}
+    for count in (b"\xb2", b"9" * 5000, b"-1", b"abc"):  # b"\xb2" reads as "\u00b2", a digit
+        r = raw.post("/v1/chat/completions", json=body, headers={b"x-stainless-retry-count": count})
+        assert r.status_code == 200, (count[:10], r.text)
+    for bad in ("a\x01b", "x" * 300):
+        r = raw.post("/v1/chat/completions", json=body, headers={"x-claude-code-agent-id": bad})
+        assert r.status_code == 400 and "x-claude-code-agent-id" in r.json()["error"]["message"]
 
 
 def test_a_rerendered_first_message_joins_by_the_echoed_answer(scripted_server):
@@ -149,6 +189,19 @@ def test_a_short_or_ambiguous_echo_does_not_join(scripted_server):
     echo = [SYSTEM, {"role": "user", "content": "Fix calc.py (edited)."}]
     _chat(served, [*echo, {"role": "assistant", "content": LONG}, {"role": "user", "content": "?"}])
     assert len(_sessions(served)) == 5  # ambiguous evidence: a session of its own
+
+
+def test_an_echo_from_another_client_does_not_join(scripted_server):
+    served = scripted_server([LONG, "Bob's reply."])
+    _chat(served, [SYSTEM, TASK], api_key="alice")
+    bob = [
+        {"role": "system", "content": "Another harness."},
+        {"role": "user", "content": "Look at this answer:"},
+        {"role": "assistant", "content": LONG},
+        {"role": "user", "content": "Is it right?"},
+    ]
+    _chat(served, bob, api_key="bob")
+    assert len(_sessions(served)) == 2
 
 
 def test_echo_evidence_is_counted_per_session(scripted_server):

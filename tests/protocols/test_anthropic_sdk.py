@@ -303,7 +303,10 @@ def test_compaction_request_is_a_side_turn(scripted):
     client = gw.anthropic(default_headers={"x-claude-code-session-id": "c"})
     first = client.messages.create(model="m", max_tokens=20, messages=ASK)
     history = [*ASK, {"role": "assistant", "content": first.content[0].text}]
-    compact = "Your task is to create a detailed summary of the conversation so far, ..."
+    compact = (
+        "CRITICAL: Respond with TEXT ONLY. Do NOT call any tools.\n\nYour task is to create a "
+        "detailed summary of the conversation so far, ..."
+    )
     client.messages.create(
         model="m", max_tokens=50, messages=[*history, {"role": "user", "content": compact}]
     )

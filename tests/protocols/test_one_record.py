@@ -205,14 +205,16 @@ def test_side_call_rules_are_conservative():
 
     assert side_kind_from_messages(msgs("You are Claude.", "Fix the bug.")) is None
     assert side_kind_from_messages(msgs("x", "Please summarize this file.")) is None
-    assert (
-        side_kind_from_messages(
-            msgs(
-                "x", "Your task is to create a detailed summary of the conversation so far, paying"
-            )
-        )
-        == "compaction"
+    claude_compact = (
+        "CRITICAL: Respond with TEXT ONLY. Do NOT call any tools.\n\nYour task is to create a "
+        "detailed summary of the conversation so far, paying"
     )
+    assert side_kind_from_messages(msgs("x", claude_compact)) == "compaction"
+    codex_compact = "You are performing a CONTEXT CHECKPOINT COMPACTION. Create a handoff summary"
+    assert side_kind_from_messages(msgs("x", codex_compact)) == "compaction"
+    # a user who quotes one marker is asking a question, not compacting
+    quoted = "Where is 'CONTEXT CHECKPOINT COMPACTION' defined? And 'Your task is to create a"
+    assert side_kind_from_messages(msgs("x", f"{quoted} detailed summary of'?")) is None
     assert (
         side_kind_from_messages(
             msgs("You are now acting as the managed memory extraction subagent for an AI", "go")

@@ -166,3 +166,13 @@ def test_short_ids_stay_unique() -> None:
     # unique against every stored id, not only the ids on this page
     assert _short_ids([a], [a, b, "x"]) == ["abcdef0123456"]
     assert _short_ids([a], [a]) == ["abcdef012345"]
+
+
+def test_ids_and_clients_are_never_read_as_markup(store: Store) -> None:
+    """A session id or client name with rich markup in it (``[/oops]``) is printed as given."""
+    store.get_or_create_session("X-Session-Id: [/oops]", SessionSource.HEADER, client="[bold]c")
+    store.record_turn(TurnRecord("X-Session-Id: [/oops]", [1, 2], [3], [-0.1]))
+    out = io.StringIO()
+    Console(file=out, width=200).print(list_sessions_table(store))
+    assert "X-Session-Id: [/oops]" in out.getvalue() and "[bold]c" in out.getvalue()
+    Console(file=io.StringIO(), width=200).print(format_session(store, "X-Session-Id: [/oops]"))

@@ -162,18 +162,35 @@ def _json_session_id(value: Any) -> Any:
         return None
     try:
         obj = json.loads(value)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested too deep to parse
         return None
     return obj.get("session_id") if isinstance(obj, dict) else None
 
 
+_RETRY_COUNT = re.compile(r"[0-9]{1,9}")
+
+
+def retry_count(headers: Mapping[str, str]) -> int | None:
+    """The client's retry count (``x-stainless-retry-count``: 0 for a first attempt), or ``None``
+    when the header is absent or not 1-9 ASCII digits (``"²"``, ``"-1"``, 5000 digits)."""
+    raw = (headers.get("x-stainless-retry-count") or "").strip()
+    return int(raw) if _RETRY_COUNT.fullmatch(raw) else None
+
+
 def agent_facts(headers: Mapping[str, str]) -> dict[str, str]:
     """Subagent ids from the request headers (:data:`AGENT_HEADERS`), for a turn's ``client``
-    facts; ``{}`` for a call of the main agent or a client without them."""
+    facts; ``{}`` for a call of the main agent or a client without them (a blank header counts
+    as absent).
+
+    Raises:
+        ClientInputError: (400) an id with control characters or longer than
+            :data:`MAX_SESSION_ID_LEN`, as for session ids: a subagent whose id were dropped
+            would be taken for the main agent.
+    """
     out = {}
     for key, name in AGENT_HEADERS.items():
-        value = (headers.get(name) or "").strip()
-        if value and len(value) <= MAX_SESSION_ID_LEN and value.isprintable():
+        value = _check_id(headers.get(name), f"header {name}")
+        if value is not None:
             out[key] = value
     return out
 
@@ -244,17 +261,17 @@ def spawning_turn(
     """
     if store.has_agent_turn(session_id, agent_id):
         return None
-    everything = store.session_turns(session_id)
-    main = [t for t in everything if not t.client.get("agent_id")]
+    rows = store.session_outputs(session_id)
+    main = [r for r in rows if not r[2].get("agent_id")]
     turns = main
     if parent_agent_id is not None:
-        turns = [t for t in everything if t.client.get("agent_id") == parent_agent_id] or main
-    turns.sort(key=lambda t: t.created_at, reverse=True)
-    for t in turns:
-        for c in (t.output or {}).get("tool_calls") or []:
+        turns = [r for r in rows if r[2].get("agent_id") == parent_agent_id] or main
+    turns.sort(key=lambda r: r[1], reverse=True)
+    for turn_id, _, _, output in turns:
+        for c in (output or {}).get("tool_calls") or []:
             if any(len(s) >= 8 and s in first_user for s in _strings(c.get("arguments"))):
-                return t.id, "tool_call_prompt"
-    return (turns[0].id, "latest_parent_turn") if turns else (None, "none")
+                return turn_id, "tool_call_prompt"
+    return (turns[0][0], "latest_parent_turn") if turns else (None, "none")
 
 
 @dataclass(frozen=True)
@@ -262,7 +279,8 @@ class CallSignals:
     """What a call says about itself beyond its prompt, for :func:`link_call`.
 
     Attributes:
-        retry: the client marks the call a retry (``x-stainless-retry-count`` >= 1).
+        retry_count: the client's own retry count (:func:`retry_count`; 0: a first attempt,
+            ``None``: the client does not say).
         side: the call is a recognised side call (title, memory, ...).
         client: who called: ``{"user_agent", "api_key_fingerprint"}`` as the turn's client
             facts record them (``None``: unknown, every client matches).
@@ -270,7 +288,7 @@ class CallSignals:
             call's history, in order.
     """
 
-    retry: bool = False
+    retry_count: int | None = None
     side: bool = False
     client: Mapping[str, Any] | None = None
     echo_hashes: tuple[str, ...] = ()
@@ -295,13 +313,15 @@ def link_call(
     1. ``prefix``: it extends a recorded ``prompt + completion`` (longest, newest): confidence
        ``exact``;
     2. ``retry``: its prompt equals an earlier call's *from the same client* (user agent and API
-       key, :func:`client_key`), and that call failed or the client marks this one a retry:
-       that call's sibling, ``exact``. An identical prompt after a successful call without a
-       retry mark, or from another client, is another conversation starting the same way: it
-       does not join (``new``, with ``same_prompt_as``);
-    3. ``echo``: its history repeats answers the gateway recorded (assistant messages matched by
-       output hash), at least :data:`MIN_ECHO_TOKENS` tokens of them, counted per session, in
-       messages recorded in one session only; exactly one session must have that much: that
+       key, :func:`client_key`), and the client counts this call a retry
+       (``x-stainless-retry-count`` >= 1), or says nothing and the earlier call failed: that
+       call's sibling, ``exact``. A retry count of 0, an identical prompt after a successful
+       call without a count, one from another client, or matches in several sessions (parallel
+       rollouts) join nothing (``new``, with ``same_prompt_as``);
+    3. ``echo``: its history repeats answers the gateway recorded for the same client (assistant
+       messages matched by output hash), at least :data:`MIN_ECHO_TOKENS` tokens of them, counted
+       per session, in messages recorded in one session only; exactly one session must have
+       that much: that
        session, parent hint the turn of its last echoed message, ``medium`` (a harness that
        re-renders an earlier message, a side call carrying the conversation);
     4. ``dropped_answer``: its prompt starts with an earlier main call's prompt minus the
@@ -326,10 +346,8 @@ def link_call(
         if session_id is not None and turn.session_id != session_id:
             continue
         if not turn.completion_ids:
-            if turn.prompt_ids != prompt:
-                continue  # a failed call has no output to continue from
-            if session_id is None and not _same_client(turn, signals):
-                continue  # another client's failed call: rule 2 decides
+            if turn.prompt_ids != prompt or session_id is None:
+                continue  # no output to continue from; an inferred retry is rule 2's
             return Link(turn.session_id, turn.parent_turn_id, "retry")
         return Link(turn.session_id, turn.id, "prefix")
     same: list[TurnRecord] = store.find_turns_by_prompt(
@@ -339,10 +357,16 @@ def link_call(
         if same:
             return Link(same[0].session_id, same[0].parent_turn_id, "retry")
         return Link(session_id, None, "new")
-    mine = [t for t in same if _same_client(t, signals)]
-    if mine and (signals.retry or mine[0].status != TurnStatus.OK):
-        return Link(mine[0].session_id, mine[0].parent_turn_id, "retry")
-    note = {"same_prompt_as": same[0].id} if same else {}
+    note: dict[str, Any] = {"same_prompt_as": same[0].id} if same else {}
+    if signals.retry_count != 0:  # 0: the client's own count says first attempt
+        mine = [t for t in same if _same_client(t, signals)]
+        if signals.retry_count is None:
+            mine = [t for t in mine if t.status != TurnStatus.OK]  # unmarked: only of a failure
+        candidates = {t.session_id for t in mine}
+        if len(candidates) == 1:
+            return Link(mine[0].session_id, mine[0].parent_turn_id, "retry")
+        if len(candidates) > 1:
+            note["ambiguous_retry_sessions"] = len(candidates)  # parallel rollouts: join none
     echo = _echo_link(store, signals)
     if echo is not None:
         return echo
@@ -373,13 +397,15 @@ def _echo_link(store: Store, signals: CallSignals) -> Link | None:
     tokens: dict[str, int] = {}
     last: dict[str, TurnRecord] = {}
     now = time.time()
-    for h in signals.echo_hashes:
+    for h in dict.fromkeys(signals.echo_hashes):  # each distinct answer once
         found = [t for t in store.find_turns_by_output_hash(h, limit=20) if t.completion_ids]
         if len({t.session_id for t in found}) != 1:
             continue  # not recorded, or said in several sessions: no evidence
         turn = found[0]
         if turn.session_source != SessionSource.INFERRED or now - turn.created_at > INFER_WINDOW_S:
             continue
+        if not _same_client(turn, signals):
+            continue  # another client quoting that answer is no evidence
         tokens[turn.session_id] = tokens.get(turn.session_id, 0) + len(turn.completion_ids)
         last[turn.session_id] = turn
     enough = [sid for sid, n in tokens.items() if n >= MIN_ECHO_TOKENS]

@@ -54,6 +54,7 @@ from clawrl.gateway.attribution import (
     ExplicitSession,
     agent_facts,
     first_user_text,
+    retry_count,
     spawning_turn,
 )
 from clawrl.gateway.auth import key_fingerprint, presented_key
@@ -134,18 +135,23 @@ def header_value(text: str) -> str:
     return quote(text, safe="!#$&'()*+,/:;=?@[]~-._ ")[:1024]
 
 
+def _cut(value: str | None, n: int) -> str | None:
+    return None if value is None else value[:n]
+
+
 def client_facts(request: Request, prepared: PreparedCall, model: str | None) -> dict[str, Any]:
     """Who called: user-agent, address, key fingerprint, request id, retry count, attribution,
     subagent ids, evaluation traffic; the API key itself is never stored (only
     :func:`clawrl.gateway.auth.key_fingerprint`)."""
     h = request.headers
-    retry = h.get("x-stainless-retry-count")
+    raw_retry = h.get("x-stainless-retry-count")
     info: dict[str, Any] = {
         "user_agent": h.get("user-agent"),
         "remote_addr": f"{request.client.host}:{request.client.port}" if request.client else None,
         "api_key_fingerprint": key_fingerprint(presented_key(request)),
         "request_id": h.get("x-request-id") or h.get("x-client-request-id"),
-        "retry_count": int(retry) if retry is not None and retry.isdigit() else retry,
+        # the parsed count, else the raw header (cut) for the record
+        "retry_count": retry_count(h) if retry_count(h) is not None else _cut(raw_retry, 64),
         "attribution": prepared.attribution,
         "attribution_confidence": None if prepared.link is None else prepared.link.confidence,
         "attribution_evidence": dict(prepared.link.extra)
@@ -257,8 +263,7 @@ async def start_call(gw: GatewayState, request: Request, req: CallRequest) -> Ca
     _check_unicode(req)
     agent = agent_facts(request.headers)
     client_name = (request.headers.get("user-agent") or "")[:200] or None
-    retry_count = request.headers.get("x-stainless-retry-count", "")
-    retry = retry_count.isdigit() and int(retry_count) >= 1
+    retries = retry_count(request.headers)
     who = {
         "user_agent": request.headers.get("user-agent"),
         "api_key_fingerprint": key_fingerprint(presented_key(request)),
@@ -267,7 +272,7 @@ async def start_call(gw: GatewayState, request: Request, req: CallRequest) -> Ca
     def blocking() -> tuple[PreparedCall, tuple[str | None, str] | None]:
         prepared = prepare_messages(
             gw.tokenizer, gw.store, req.messages, req.tools, req.tool_choice, req.explicit,
-            client_name=client_name, side_kind=req.side_kind, retry=retry, client=who,
+            client_name=client_name, side_kind=req.side_kind, retry_count=retries, client=who,
         )  # fmt: skip
         spawn = None
         if "agent_id" in agent:

@@ -130,7 +130,7 @@ def prepare_messages(
     *,
     client_name: str | None = None,
     side_kind: str | None = None,
-    retry: bool = False,
+    retry_count: int | None = None,
     client: dict[str, Any] | None = None,
 ) -> PreparedCall:
     """Render, splice, prefill and attribute already-normalised messages (blocking); every
@@ -141,7 +141,8 @@ def prepare_messages(
         side_kind: a side-call kind the route already knows (e.g. from a header); otherwise it
             is recognised from the messages
             (:func:`clawrl.gateway.side_calls.side_kind_from_messages`).
-        retry: the client marks this call a retry (e.g. ``x-stainless-retry-count`` >= 1).
+        retry_count: the client's own retry count (``x-stainless-retry-count``; ``None``: not
+            sent).
         client: who called (``{"user_agent", "api_key_fingerprint"}``, as the turn records
             them), for the rules that must follow one client
             (:class:`clawrl.gateway.attribution.CallSignals`).
@@ -167,7 +168,7 @@ def prepare_messages(
     prefill_ids = tokenizer.encode(prefill, add_special_tokens=False) if prefill else []
     prompt_ids = [*spliced.token_ids, *prefill_ids]
     signals = CallSignals(
-        retry=retry,
+        retry_count=retry_count,
         side=side_kind is not None,
         client=client,
         echo_hashes=tuple(

@@ -131,7 +131,7 @@ def sampling_params(body: ResponsesRequest, gw: GatewayState) -> SamplingParams:
     """
     d = gw.defaults
     return SamplingParams(
-        max_tokens=body.max_output_tokens or max(d.max_tokens, d.responses_max_tokens),
+        max_tokens=body.max_output_tokens or d.responses_max_tokens,
         temperature=d.temperature if body.temperature is None else body.temperature,
         top_p=d.top_p if body.top_p is None else body.top_p,
         top_k=d.top_k,

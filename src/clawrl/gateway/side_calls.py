@@ -15,10 +15,12 @@ signal              side kind
 ==================  ==========================================================================
 Codex header        ``x-codex-turn-metadata`` JSON with ``request_kind: "compaction"``
                     -> ``compaction`` (any other non-``turn`` kind -> ``other``)
-last user message   contains ``Your task is to create a detailed summary of the conversation so
-                    far`` (Claude Code ``/compact`` and auto-compaction, 2.1.x) or ``CONTEXT
-                    CHECKPOINT COMPACTION`` (Codex's local compaction prompt, 0.17x)
-                    -> ``compaction``
+last user message   contains both ``CRITICAL: Respond with TEXT ONLY`` and ``Your task is to
+                    create a detailed summary of`` (Claude Code ``/compact`` and
+                    auto-compaction, 2.1.x), or ``You are performing a CONTEXT CHECKPOINT
+                    COMPACTION. Create a handoff summary`` (Codex's local compaction prompt,
+                    0.17x) -> ``compaction``. Whole phrases of the harness's own prompt, so a
+                    user who merely quotes one marker is not taken for a compaction.
 a system message    starts with ``You are a title generator.`` (opencode 1.x title agent)
                     or contains ``You are naming a coding session so the user can pick it
                     out`` (Claude Code 2.1.x interactive session title, sent with an
@@ -43,10 +45,11 @@ from clawrl.chat import ChatMessage
 from clawrl.store import SideKind
 
 CODEX_TURN_METADATA = "x-codex-turn-metadata"
-COMPACTION_MARKERS = (
-    "Your task is to create a detailed summary of the conversation so far",
-    "CONTEXT CHECKPOINT COMPACTION",
+COMPACTION_MARKERS: tuple[tuple[str, ...], ...] = (
+    ("CRITICAL: Respond with TEXT ONLY", "Your task is to create a detailed summary of"),
+    ("You are performing a CONTEXT CHECKPOINT COMPACTION. Create a handoff summary",),
 )
+"""Each entry: phrases that must all appear in the last user message."""
 TITLE_SYSTEM_PREFIXES = ("You are a title generator.",)
 TITLE_SYSTEM_MARKERS = ("You are naming a coding session so the user can pick it out",)
 MEMORY_SYSTEM_PREFIXES = ("You are now acting as the managed memory extraction subagent",)
@@ -63,7 +66,7 @@ def codex_turn_metadata(headers: Mapping[str, str]) -> dict[str, Any]:
         return {}
     try:
         value = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested too deep to parse
         return {}
     return value if isinstance(value, dict) else {}
 
@@ -80,7 +83,7 @@ def side_kind_from_messages(messages: Sequence[ChatMessage]) -> str | None:
     """The side kind recognised from the prompt text (module table), or ``None``."""
     last_user = next((m for m in reversed(messages) if m.role == "user"), None)
     text = (last_user.content or "") if last_user is not None else ""
-    if any(marker in text for marker in COMPACTION_MARKERS):
+    if any(all(phrase in text for phrase in marker) for marker in COMPACTION_MARKERS):
         return SideKind.COMPACTION.value
     systems = [(m.content or "").lstrip() for m in messages if m.role == "system"]
     if any(t.startswith(TITLE_SYSTEM_PREFIXES) for t in systems):

@@ -33,6 +33,7 @@ from clawrl.store.rows import (
     TURN_FIELDS,
     feedback_to_row,
     insert_sql,
+    load_json,
     row_to_feedback,
     row_to_session,
     row_to_turn,
@@ -350,6 +351,18 @@ class Store(LearningQueries):
                 (session_id,),
             ).fetchall()
         return [row_to_turn(r) for r in rows]
+
+    def session_outputs(self, session_id: str) -> list[tuple[str, float, dict[str, Any], Any]]:
+        """``(turn id, created_at, client facts, parsed output)`` of the session's turns, oldest
+        first: what the turns said and who said it, without decoding any ids (subagent
+        spawn links, :func:`clawrl.gateway.attribution.spawning_turn`)."""
+        with self._read() as conn:
+            rows = conn.execute(
+                "SELECT id, created_at, client, output FROM turns WHERE session_id = ? "
+                "ORDER BY created_at, rowid",
+                (session_id,),
+            ).fetchall()
+        return [(r[0], r[1], load_json(r[2]) or {}, load_json(r[3])) for r in rows]
 
     def has_agent_turn(self, session_id: str, agent_id: str) -> bool:
         """Whether the session holds a turn whose ``client.agent_id`` is ``agent_id`` (a

@@ -216,5 +216,6 @@ def list_sessions_table(
             "tokens p/c": f"{s.prompt_tokens}/{s.completion_tokens}",
             "feedback": str(s.feedback),
         }
-        table.add_row(*(cells[name] for name in shown))
+        # Text cells: a session id or client name is data, never rich markup
+        table.add_row(*(Text(cells[name]) for name in shown))
     return table
