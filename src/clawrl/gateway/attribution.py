@@ -321,9 +321,8 @@ def link_call(
     3. ``echo``: its history repeats answers the gateway recorded for the same client (assistant
        messages matched by output hash), at least :data:`MIN_ECHO_TOKENS` tokens of them, counted
        per session, in messages recorded in one session only; exactly one session must have
-       that much: that
-       session, parent hint the turn of its last echoed message, ``medium`` (a harness that
-       re-renders an earlier message, a side call carrying the conversation);
+       that much: that session, parent hint the turn of its last echoed message, ``medium`` (a
+       harness that re-renders an earlier message, a side call carrying the conversation);
     4. ``dropped_answer``: its prompt starts with an earlier main call's prompt minus the
        generation prompt (at least :data:`MIN_CONTEXT_TOKENS` tokens) and goes on differently,
        the earlier call from the same client within :data:`DROPPED_WINDOW_S`: the client
