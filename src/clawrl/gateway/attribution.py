@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -286,12 +286,15 @@ class CallSignals:
             facts record them (``None``: unknown, every client matches).
         echo_hashes: the :func:`clawrl.store.output_hash` of each assistant message in the
             call's history, in order.
+        find_by_output: ``output hash -> turns`` (newest first, any session), the lookup the
+            splice step already made; ``None``: query the store.
     """
 
     retry_count: int | None = None
     side: bool = False
     client: Mapping[str, Any] | None = None
     echo_hashes: tuple[str, ...] = ()
+    find_by_output: Callable[[str], list[TurnRecord]] | None = None
 
     @property
     def client_key(self) -> str | None:
@@ -397,7 +400,9 @@ def _echo_link(store: Store, signals: CallSignals) -> Link | None:
     last: dict[str, TurnRecord] = {}
     now = time.time()
     for h in dict.fromkeys(signals.echo_hashes):  # each distinct answer once
-        found = [t for t in store.find_turns_by_output_hash(h, limit=20) if t.completion_ids]
+        lookup = signals.find_by_output
+        turns = lookup(h) if lookup is not None else store.find_turns_by_output_hash(h, limit=20)
+        found = [t for t in turns if t.completion_ids]
         if len({t.session_id for t in found}) != 1:
             continue  # not recorded, or said in several sessions: no evidence
         turn = found[0]

@@ -151,7 +151,7 @@ def client_facts(request: Request, prepared: PreparedCall, model: str | None) ->
         "api_key_fingerprint": key_fingerprint(presented_key(request)),
         "request_id": h.get("x-request-id") or h.get("x-client-request-id"),
         # the parsed count, else the raw header (cut) for the record
-        "retry_count": retry_count(h) if retry_count(h) is not None else _cut(raw_retry, 64),
+        "retry_count": count if (count := retry_count(h)) is not None else _cut(raw_retry, 64),
         "attribution": prepared.attribution,
         "attribution_confidence": None if prepared.link is None else prepared.link.confidence,
         "attribution_evidence": dict(prepared.link.extra)

@@ -158,9 +158,16 @@ def prepare_messages(
     scope = explicit.session_id if explicit else None
     side_kind = side_kind or side_kind_from_messages(messages)
 
+    by_hash: dict[str, list[TurnRecord]] = {}  # global lookups, shared with the echo rule
+
+    def find_anywhere(h: str) -> list[TurnRecord]:
+        if h not in by_hash:
+            by_hash[h] = store.find_turns_by_output_hash(h, limit=20)
+        return by_hash[h]
+
     def find_turns(h: str) -> list[TurnRecord]:
         found = store.find_turns_by_output_hash(h, session_id=scope) if scope else []
-        return found or store.find_turns_by_output_hash(h)
+        return found or find_anywhere(h)
 
     spliced = splice_history(tokenizer, messages, rendered, find_turns)
     native = supports_native_tools(tokenizer)
@@ -171,6 +178,7 @@ def prepare_messages(
         retry_count=retry_count,
         side=side_kind is not None,
         client=client,
+        find_by_output=find_anywhere,
         echo_hashes=tuple(
             message_output_hash(m)
             for m in messages
