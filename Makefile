@@ -1,6 +1,6 @@
 # clawrl: two commands for a fresh machine (see README.md)
 #   make demo   create .venv, install, run the main job on the embedded model
-#   make test   create .venv, install dev extras and bubblewrap, run ruff, mypy and pytest
+#   make test   create .venv, install dev extras, bubblewrap and chromium, run ruff, mypy and pytest
 #
 # GPU machines: override the torch requirement, e.g. `make demo TORCH_SPEC=torch` installs
 # PyPI's default (CUDA) build instead of the pinned CPU build.
@@ -11,7 +11,19 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test install dev lint harnesses sandbox e2e typecheck bench clean
+# $(call apt_need,COMMAND,PACKAGE,OPT_OUT): install Debian's PACKAGE when COMMAND is missing
+# (as root), else say how; the tests that need it fail unless OPT_OUT=1 skips them explicitly.
+define apt_need
+@command -v $(1) >/dev/null || { \
+  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+    apt-get install -y -q $(2) >/dev/null 2>&1 || \
+      { apt-get update -q >/dev/null && apt-get install -y -q $(2) >/dev/null; }; \
+  else \
+    echo "$(2) is missing: run 'sudo apt-get install $(2)' (or set $(3)=1)"; \
+  fi; }
+endef
+
+.PHONY: demo test install dev lint harnesses sandbox browser e2e typecheck bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -48,19 +60,20 @@ harnesses:
 # bubblewrap for the harness sandbox (Debian's package; apt-get needs root). Without it the
 # containment tests fail, unless CLAWRL_ALLOW_NO_BWRAP=1 skips them explicitly.
 sandbox:
-	@command -v bwrap >/dev/null || { \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    apt-get install -y -q bubblewrap >/dev/null 2>&1 || \
-	      { apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null; }; \
-	  else \
-	    echo "bubblewrap is missing: run 'sudo apt-get install bubblewrap' (or set CLAWRL_ALLOW_NO_BWRAP=1)"; \
-	  fi; }
+	$(call apt_need,bwrap,bubblewrap,CLAWRL_ALLOW_NO_BWRAP)
 	@command -v bwrap >/dev/null && echo "sandbox: $$(bwrap --version)" || true
+
+# headless Chromium for the dashboard's browser tests (Debian's package; apt-get needs root).
+# Without it tests/dashboard/test_dashboard_browser.py fails, unless CLAWRL_ALLOW_NO_BROWSER=1
+# skips it explicitly.
+browser:
+	$(call apt_need,chromium,chromium,CLAWRL_ALLOW_NO_BROWSER)
+	@command -v chromium >/dev/null && echo "browser: $$(chromium --version 2>/dev/null)" || true
 
 e2e: $(VENV)/.dev harnesses
 	$(BIN)/pytest -q -m e2e tests/e2e
 
-test: lint harnesses sandbox
+test: lint harnesses sandbox browser
 	$(BIN)/pytest -q
 
 typecheck: $(VENV)/.dev

@@ -17,7 +17,8 @@ What is built, from :class:`clawrl.config.Config`:
   training never changes the judge) and the online loop (:class:`~clawrl.trainer.service.
   OnlineService`: judge worker + learner), run by the app's lifespan; with ``online=False``
   (harness mode): a :class:`~clawrl.trainer.Trainer` the caller steps itself;
-* the gateway app (:func:`clawrl.gateway.create_app`) over all of it.
+* the gateway app (:func:`clawrl.gateway.create_app`) over all of it, with the live dashboard
+  (:mod:`clawrl.dashboard`) mounted at ``/dashboard``.
 
 The runtime owns what it built (engines, store) and closes it; what the caller passed in
 (a policy, a store, a judge) stays the caller's.
@@ -38,6 +39,7 @@ from clawrl.store import Store
 from clawrl.trainer.judge_worker import JudgeFn
 
 if TYPE_CHECKING:
+    from clawrl.dashboard import DashboardSource
     from clawrl.gateway.server import LiveServer
     from clawrl.judge import Judge
     from clawrl.trainer import Trainer
@@ -143,6 +145,7 @@ class Runtime:
         service: the online loop (judge worker + learner), or ``None``.
         trainer: harness mode's trainer (``online=False`` with a training method), or ``None``.
         judge: the judge the online loop uses, or ``None``.
+        dashboard: what ``/dashboard`` reads (the demo sets its ``demo`` view).
     """
 
     config: Config
@@ -154,6 +157,7 @@ class Runtime:
     service: OnlineService | None = None
     trainer: Trainer | None = None
     judge: JudgeBundle | None = None
+    dashboard: DashboardSource | None = None
     _owned: list[Callable[[], None]] = field(default_factory=list, repr=False)
 
     def resume(self) -> int:
@@ -206,6 +210,7 @@ def build_runtime(
         ModelError, JudgeError, StoreError: a part cannot be built (whatever was built before
             it is closed).
     """
+    from clawrl.dashboard import DashboardSource, mount_dashboard
     from clawrl.gateway import create_app
     from clawrl.models import load_policy
 
@@ -248,6 +253,11 @@ def build_runtime(
             defaults=config.sampling,
             lifespan=service.lifespan if service is not None else None,
         )  # fmt: skip
+        dashboard = mount_dashboard(app, DashboardSource(
+            store, output_dir=Path(config.trainer.output_dir) if method.trains else None,
+            status=service.status if service is not None else None,
+            policy_version=lambda: engine.policy_version, title=f"{name} · {method.kind}",
+        ))  # fmt: skip
     except BaseException:
         for closer in reversed(owned):
             with contextlib.suppress(Exception):
@@ -256,5 +266,5 @@ def build_runtime(
     return Runtime(
         config=config, policy=policy, engine=engine, store=store, app=app, model_name=name,
         service=service, trainer=trainer, judge=judge if service is not None else None,
-        _owned=owned,
+        dashboard=dashboard, _owned=owned,
     )  # fmt: skip

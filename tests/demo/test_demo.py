@@ -41,12 +41,18 @@ def demo(tmp_path_factory):
         out_dir=str(out / "report"), examples=2,
     )  # fmt: skip
     cfg = load_config(None, ["trainer.lr=1e-3", "trainer.poll_interval_s=0.1"])
+    events: list[tuple[str, dict]] = []
     results = run_demo(
         settings, cfg, judge=JudgeBundle(scripted_judge, description="scripted x1"),
         policy_factory=lambda: tiny_policy(seed=0, max_context=1024),
+        progress=lambda event, info: events.append((event, info)),
     )  # fmt: skip
     report = write_report(results, settings, cfg, wall_s=12.0)
+    _demo_events.extend(events)
     return settings, cfg, results, report
+
+
+_demo_events: list[tuple[str, dict]] = []
 
 
 @pytest.mark.timeout(600)
@@ -120,3 +126,36 @@ def test_statistics_hand_computed():
     assert sessions_to_converge([True, False, True, True, True, False]) == 5
     assert sessions_to_converge([True, True]) is None
     assert sessions_to_converge([True, True, True]) == 3
+
+
+def test_each_run_prints_its_dashboard_and_a_finished_run_opens_in_it(demo):
+    """The demo announces each run's live dashboard; ``clawrl dashboard --demo DIR`` reads the
+    finished report back: its store, its trainer's curves and its evaluations."""
+    import argparse
+
+    from clawrl.cli.dashboard import _paths
+    from clawrl.dashboard import DashboardSource, demo_view, load_demo_result
+    from clawrl.store import Store
+
+    _settings, _cfg, _results, report = demo
+    servers = [info for event, info in _demo_events if event == "server"]
+    assert [(s["method"], s["seed"]) for s in servers] == [("rl", 0), ("combine", 0)]
+    assert all(s["url"].startswith("http://127.0.0.1:") and s["url"].endswith("/dashboard")
+               for s in servers)  # fmt: skip
+    args = argparse.Namespace(demo=str(report.parent), run="combine-seed0", store=None,
+                              output_dir=None)  # fmt: skip
+    store_path, out_dir, results_json, title = _paths(args)
+    assert store_path.name == "store.db" and out_dir is not None and results_json is not None
+    assert "combine-seed0" in title
+    view = demo_view(load_demo_result(results_json, "combine-seed0"))
+    assert view["method"] == "combine" and [e["step"] for e in view["evaluations"]] == [0, 1, 2]
+    assert all(len(e["ci"]) == 2 and e["checks"] for e in view["evaluations"])
+    assert len(view["examples"]) <= 2 and view["agreement"]["compared"] >= 0
+    with Store(store_path) as store:
+        source = DashboardSource(store, output_dir=out_dir, read_only=True,
+                                 demo=lambda: view)  # fmt: skip
+        assert source.training()["steps"] == 2 and source.overview()["trained"] == 4
+        assert source.overview()["policy_version"] == 2
+    args.run = "opd-seed7"
+    with pytest.raises(Exception, match="has no run 'opd-seed7'"):
+        _paths(args)

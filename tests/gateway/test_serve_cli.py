@@ -51,7 +51,9 @@ def _start(tiny_dir: Path, db: Path, *extra: str) -> tuple[subprocess.Popen, str
         lines.append(line.rstrip("\n"))
         m = re.search(r"at (http://127\.0\.0\.1:\d+/v1)", line)
         if m:
-            lines += [proc.stdout.readline().rstrip("\n") for _ in range(2)]  # the curl example
+            # the curl example (2 lines), then the dashboard's URL: read here, since
+            # communicate() later reads the pipe itself, past what readline() buffered
+            lines += [proc.stdout.readline().rstrip("\n") for _ in range(3)]
             return proc, m.group(1), lines
     proc.kill()
     raise AssertionError("clawrl serve did not print its URL in time")
@@ -113,7 +115,7 @@ def test_graceful_shutdown_curl_example_and_sessions_cli(tiny_dir, tmp_path, cap
     proc, base, lines = _start(tiny_dir, db)
     try:
         _wait_healthy(base)
-        curl = "\n".join(lines[-2:]).replace('"stream": true', '"stream": true, "max_tokens": 8')
+        curl = "\n".join(lines[-3:-1]).replace('"stream": true', '"stream": true, "max_tokens": 8')
         assert curl.strip().startswith("curl -N")
         out = subprocess.run(["bash", "-c", curl], capture_output=True, text=True, timeout=60)
         data = [x[6:] for x in out.stdout.splitlines() if x.startswith("data: ")]
@@ -121,9 +123,15 @@ def test_graceful_shutdown_curl_example_and_sessions_cli(tiny_dir, tmp_path, cap
         assert json.loads(data[0])["choices"][0]["delta"]["role"] == "assistant"
     finally:
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
+        rest, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     assert "engine and store closed" in err
+    # the dashboard's URL at start, then one line for the request (API, session, tokens, version)
+    dash = lines[-1]
+    assert re.fullmatch(r"clawrl dashboard: http://127\.0\.0\.1:\d+/dashboard", dash), dash
+    (req,) = [x for x in rest.splitlines() if " chat session " in x]
+    assert re.fullmatch(r"\d\d:\d\d:\d\d chat session \w{8} turn \w{8} \d+\+\d+ tokens "
+                        r"[\d.]+ s v0 ok (stop|length)", req), req  # fmt: skip
     with Store(db) as store:
         (sid,) = store.session_ids()
         assert len(store.session_turns(sid)) == 1
@@ -145,6 +153,22 @@ def test_graceful_shutdown_curl_example_and_sessions_cli(tiny_dir, tmp_path, cap
     assert main(args) == 0
     assert json.loads(prefixed.read_text())["session_id"] == sid
     assert main(["sessions", "list", "--store", str(tmp_path / "missing.db")]) == 1
+
+
+def test_quiet_prints_no_line_per_request(tiny_dir, tmp_path):
+    proc, base, lines = _start(tiny_dir, tmp_path / "quiet.db", "--quiet")
+    assert lines[-1].startswith("clawrl dashboard: ")
+    try:
+        _wait_healthy(base)
+        client = openai.OpenAI(base_url=base, api_key="x", max_retries=0)
+        client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        )
+    finally:
+        proc.send_signal(signal.SIGINT)
+        rest, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert " chat session " not in rest
 
 
 def test_sigterm_ends_requests_in_flight_with_a_503_in_their_protocol(tiny_dir, tmp_path):

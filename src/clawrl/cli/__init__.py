@@ -8,7 +8,18 @@ import sys
 from collections.abc import Sequence
 
 from clawrl import __version__
-from clawrl.cli import demo, doctor, eval, export_model, generate, harness, judge, serve, sessions
+from clawrl.cli import (
+    dashboard,
+    demo,
+    doctor,
+    eval,
+    export_model,
+    generate,
+    harness,
+    judge,
+    serve,
+    sessions,
+)
 from clawrl.errors import ClawrlError
 
 DESCRIPTION = """\
@@ -29,6 +40,8 @@ Serve, record and train online (point any OpenAI/Anthropic client or harness at 
   clawrl sessions list                            what was recorded
   clawrl sessions show 3f2a9c0d11e4               one session as a prefix tree (id or prefix)
   clawrl export --out trajectories.jsonl          token ids, loss masks, log-probs
+  clawrl dashboard --demo demo-report             the dashboard of a finished run (serve and
+                                                  demo show it live at /dashboard)
 
 Measure:
   clawrl judge eval --votes 3                     the PRM judge on 100 labeled turns
@@ -36,7 +49,7 @@ Measure:
   clawrl harness train --tasks builtin            GRPO through an agent harness in a sandbox
 """
 
-_MODULES = [demo, generate, doctor, serve, sessions, export_model, judge, eval, harness]
+_MODULES = [demo, generate, doctor, serve, sessions, dashboard, export_model, judge, eval, harness]
 
 
 def build_parser() -> argparse.ArgumentParser:

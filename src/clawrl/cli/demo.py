@@ -121,7 +121,9 @@ def run(args: argparse.Namespace) -> int:
         def progress(event: str, info: dict[str, Any]) -> None:
             key = (info["method"], info["seed"])
             name = f"{METHOD_NAMES[info['method']]} seed {info['seed']}"
-            if event == "sessions":
+            if event == "server":
+                console.print(f"  {name}: watch it live at {info['url']}")
+            elif event == "sessions":
                 st = info["status"]
                 before = done_steps.get(key, 0)
                 done_steps[key] = st.steps

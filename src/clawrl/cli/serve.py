@@ -8,11 +8,16 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from clawrl.cli.common import add_config_options, quiet_transformers
 from clawrl.cli.options import add_online_options, config_with_flags
 from clawrl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from clawrl.store import TurnRecord
 
 API_KEY_ENV = "CLAWRL_API_KEY"
 
@@ -42,9 +47,43 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="on Ctrl-C/SIGTERM, let requests in flight finish for this long, then end them "
         "with a 503 in their API's error shape (10)",
     )
+    p.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no console line per request (by default each recorded call prints one: time, "
+        "API, session, turn, prompt+completion tokens, latency, policy version, status)",
+    )
     add_online_options(p)
     add_config_options(p)
     p.set_defaults(func=run)
+
+
+PROTOCOL_NAMES = {
+    "openai.chat": "chat",
+    "anthropic.messages": "messages",
+    "openai.responses": "responses",
+}
+
+
+def request_line(turns: list[TurnRecord]) -> str:
+    """One console line for a request's recorded turns (one per choice), e.g.
+    ``19:04:11 chat session 3f2a1b2c turn 9e8d7c6b 412+37 tokens 1.84 s v3 ok stop``."""
+    first = turns[0]
+    when = time.strftime("%H:%M:%S", time.localtime(first.created_at))
+    api = PROTOCOL_NAMES.get(first.protocol.value, first.protocol.value)
+    kind = f" side/{first.side_kind}" if first.side_kind else ""
+    completion = sum(len(t.completion_ids) for t in turns)
+    latency = max((t.latency_s or 0.0) for t in turns)
+    choices = f" x{len(turns)}" if len(turns) > 1 else ""
+    statuses = ",".join(sorted({t.status.value for t in turns}))
+    finish = ",".join(sorted({t.finish_reason or "-" for t in turns}))
+    untrainable = sorted({t.untrainable_reason for t in turns if t.untrainable_reason})
+    why = f" ({','.join(untrainable)})" if untrainable else ""
+    return (
+        f"{when} {api}{kind} session {first.session_id[:8]} turn {first.id[:8]}{choices} "
+        f"{len(first.prompt_ids)}+{completion} tokens {latency:.2f} s v{first.policy_version} "
+        f"{statuses} {finish}{why}"
+    )
 
 
 def resolve_api_key(flag: str | None, configured: str | None) -> str | None:
@@ -157,10 +196,20 @@ def run(args: argparse.Namespace) -> int:
         base = f"http://{_url_host(host)}:{bound}/v1"
         auth = ' -H "Authorization: Bearer $CLAWRL_API_KEY"' if api_key else ""
         print(f"clawrl gateway: serving {name} at {base}  (store: {store_path})", flush=True)
+        if not args.quiet:
+            runtime.app.state.gateway.turn_listeners.append(
+                lambda turns: print(request_line(turns), flush=True)
+            )
         print(
             f"  curl -N {base}/chat/completions{auth} -H 'Content-Type: application/json' \\\n"
             f'    -d \'{{"model": "{name}", "stream": true, '
             f'"messages": [{{"role": "user", "content": "Hi"}}]}}\'',
+            flush=True,
+        )
+        dash = f"http://{_url_host(host)}:{bound}/dashboard"
+        print(
+            f"clawrl dashboard: {dash}"
+            + ("  (log in with any user name and the API key as password)" if api_key else ""),
             flush=True,
         )
         grace = max(0.0, float(args.shutdown_grace))

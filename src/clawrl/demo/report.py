@@ -21,22 +21,15 @@ from typing import Any
 from clawrl.config import Config, config_to_toml
 from clawrl.demo.runner import DemoSettings, MethodResult
 from clawrl.demo.stats import paired_diff_ci, seed_ci
+from clawrl.store.learning import DROP_EXPLANATIONS
 
 METHOD_NAMES = {"rl": "Binary RL", "opd": "OPD", "combine": "Combined"}
 
 OPENCLAW_SESSIONS_TO_CONVERGE = {"combine": 10.3, "rl": 14.1, "opd": 29.7}
 """OpenClaw-RL (updated paper): sessions until a preference holds in 3 sessions in a row."""
 
-DROP_REASONS = {
-    "untrainable": "the call failed, was cut off, or was an evaluation request",
-    "no_next_state": "the session ended before the user replied to this answer",
-    "no_judgment": "every judge vote abstained (too unsure)",
-    "zero_score": "the judge saw no evidence either way (score 0) and no hint",
-    "no_hint": "OPD needs a hint and the judge found no directive in the reply",
-    "stale": "sampled by a policy too many versions behind",
-    "teacher_failed": "scoring the hint-enhanced prompt failed",
-}
-"""What each drop reason means, for the report."""
+DROP_REASONS = DROP_EXPLANATIONS
+"""What each drop reason means, for the report (:data:`clawrl.store.learning.DROP_EXPLANATIONS`)."""
 
 
 def _name(method: str) -> str:

@@ -251,6 +251,16 @@ def run_method(
     server = runtime.serve()
     user = make_user(spec, "rule", seed=seed)
     logs: list[SessionLog] = []
+    if runtime.dashboard is not None:
+        from clawrl.dashboard import demo_view
+
+        def agreement() -> dict[str, Any]:
+            scores = {j.turn_id: j.score for j in runtime.store.iter_judgments()}
+            return judge_agreement(list(logs), scores).to_dict()
+
+        runtime.dashboard.demo = lambda: demo_view(result, agreement)
+        runtime.dashboard.title = f"demo {spec.name} · {method}-seed{seed}"
+        progress("server", {"method": method, "seed": seed, "url": f"{server.url}/dashboard"})
     train_problems = list(split.train)
     cursor = 0
     try:

@@ -9,6 +9,7 @@ presented.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import ipaddress
@@ -20,13 +21,25 @@ from starlette.responses import JSONResponse
 from clawrl.gateway.errors import AuthError, client_shaped, status_and_body
 
 
-def presented_key(request: Request) -> str | None:
-    """The API key the client sent (``Authorization: Bearer`` first, then ``x-api-key``)."""
+def presented_key(request: Request, *, basic: bool = False) -> str | None:
+    """The API key the client sent (``Authorization: Bearer`` first, then ``x-api-key``).
+
+    Args:
+        basic: also take the password of ``Authorization: Basic`` (any user name): how a
+            browser sends the key to the dashboard after its login prompt.
+    """
     auth = request.headers.get("authorization")
     if auth:
         scheme, _, value = auth.partition(" ")
         if scheme.lower() == "bearer" and value.strip():
             return value.strip()
+        if basic and scheme.lower() == "basic" and value.strip():
+            try:
+                decoded = base64.b64decode(value.strip(), validate=True).decode("utf-8")
+            except (ValueError, UnicodeDecodeError):
+                return None
+            password = decoded.partition(":")[2]
+            return password or None
     key = request.headers.get("x-api-key")
     return key.strip() if key and key.strip() else None
 
@@ -38,15 +51,18 @@ def key_fingerprint(key: str | None) -> str | None:
     return "sha256:" + hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
 
 
-def check_api_key(request: Request, expected: str | None) -> None:
+def check_api_key(request: Request, expected: str | None, *, basic: bool = False) -> None:
     """Let the request through when no key is configured or it presents the right one.
+
+    Args:
+        basic: accept the key as a Basic-auth password too (the dashboard's pages).
 
     Raises:
         AuthError: (401) a key is configured and the request has none or a different one.
     """
     if expected is None:
         return
-    got = presented_key(request)
+    got = presented_key(request, basic=basic)
     if got is None:
         raise AuthError("missing API key: send 'Authorization: Bearer KEY' (or 'x-api-key: KEY')")
     if not hmac.compare_digest(got.encode("utf-8"), expected.encode("utf-8")):
@@ -69,7 +85,9 @@ def is_loopback(host: str) -> bool:
 
 class ApiKeyMiddleware:
     """Pure ASGI middleware answering 401 (OpenAI shape) before any parsing when the key is
-    missing or wrong. ``GET /healthz`` and ``/api/hello`` stay open for liveness probes.
+    missing or wrong. ``GET /healthz`` and ``/api/hello`` stay open for liveness probes. Under
+    ``/dashboard`` the key may also come as a Basic-auth password, and a 401 asks for it with
+    ``WWW-Authenticate: Basic`` so that a browser shows its login prompt.
 
     Args:
         app: the wrapped ASGI app.
@@ -88,15 +106,18 @@ class ApiKeyMiddleware:
         if scope["type"] != "http" or self.api_key is None or scope["path"] in self.OPEN_PATHS:
             await self.app(scope, receive, send)
             return
+        path = scope["path"]
+        dashboard = path == "/dashboard" or path.startswith("/dashboard/")
         try:
-            check_api_key(Request(scope), self.api_key)
+            check_api_key(Request(scope), self.api_key, basic=dashboard)
         except AuthError as e:
             if self.on_reject is not None:
                 self.on_reject()
             status, body = status_and_body(e)
-            body = client_shaped(scope["path"], status, body)
+            body = client_shaped(path, status, body)
+            challenge = 'Basic realm="clawrl dashboard"' if dashboard else "Bearer"
             response = JSONResponse(
-                body, status_code=status, headers={"WWW-Authenticate": "Bearer"}
+                body, status_code=status, headers={"WWW-Authenticate": challenge}
             )
             await response(scope, receive, send)
             return

@@ -326,7 +326,7 @@ async def record_failure(
         c.policy_version = c.policy_version or gw.engine.policy_version
     for c in siblings:
         c.status, c.finish_reason = TurnStatus.INCOMPLETE, "aborted"
-    await record_choices(gw.store, gw.metrics, ctx, [*failed, *siblings])
+    await record_choices(gw, ctx, [*failed, *siblings])
 
 
 def renamed(parsed: ParsedCompletion, rename: RenameCall) -> ParsedCompletion:
@@ -389,7 +389,7 @@ async def _complete(gw: GatewayState, call: Call, req: CallRequest, respond: Res
     except asyncio.CancelledError:  # client gone or server shutdown: nothing was answered
         for c in call.choices:
             c.status, c.finish_reason = TurnStatus.INCOMPLETE, "aborted"
-        await record_choices(gw.store, gw.metrics, ctx, call.choices)
+        await record_choices(gw, ctx, call.choices)
         raise
     failed = [
         c for c, o in zip(call.choices, outcomes, strict=True) if isinstance(o, BaseException)
@@ -404,7 +404,7 @@ async def _complete(gw: GatewayState, call: Call, req: CallRequest, respond: Res
     except Exception as e:  # the client will get an error, not these answers
         await record_failure(gw, ctx, results, e)
         raise
-    await record_choices(gw.store, gw.metrics, ctx, results)
+    await record_choices(gw, ctx, results)
     return response
 
 
@@ -558,9 +558,7 @@ class CallStream:
     async def _record(self, choices: list[StreamedChoice]) -> None:
         for c in choices:
             c.recorded = True
-        await record_choices(
-            self.gw.store, self.gw.metrics, self.call.ctx, [c.result for c in choices]
-        )
+        await record_choices(self.gw, self.call.ctx, [c.result for c in choices])
 
     async def aclose(self) -> None:
         """Stop generating; record every choice not recorded yet as incomplete (idempotent)."""

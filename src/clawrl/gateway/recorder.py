@@ -26,9 +26,10 @@ worker thread, shielded from cancellation so a disconnecting client cannot inter
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.to_thread
@@ -36,7 +37,6 @@ import anyio.to_thread
 from clawrl.chat import ParsedCompletion
 from clawrl.engine import FinishReason, SamplingParams
 from clawrl.engine.sampling import is_greedy
-from clawrl.gateway.metrics import Metrics
 from clawrl.gateway.prepare import PreparedCall
 from clawrl.store import (
     ApiProtocol,
@@ -47,6 +47,11 @@ from clawrl.store import (
     UntrainableReason,
     new_id,
 )
+
+if TYPE_CHECKING:
+    from clawrl.gateway.state import GatewayState
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -214,9 +219,11 @@ def _write(store: Store, turns: list[TurnRecord]) -> None:
 
 
 async def record_choices(
-    store: Store, metrics: Metrics, ctx: CallContext, choices: list[ChoiceResult]
+    gw: GatewayState, ctx: CallContext, choices: list[ChoiceResult]
 ) -> list[TurnRecord]:
-    """Record the choices' turns durably (worker thread, shielded from cancellation).
+    """Record the choices' turns durably (worker thread, shielded from cancellation), count
+    them in the metrics, then tell :attr:`GatewayState.turn_listeners` (a console line per
+    request; a listener that fails is logged, never the request's failure).
 
     Returns:
         The recorded turns, in choice order.
@@ -225,8 +232,14 @@ async def record_choices(
         StoreError: a turn could not be written (the caller answers 500: not acknowledged).
     """
     turns = [build_turn(ctx, c) for c in choices]
+    metrics = gw.metrics
     with anyio.CancelScope(shield=True):
-        await anyio.to_thread.run_sync(_write, store, turns)
+        await anyio.to_thread.run_sync(_write, gw.store, turns)
+    for listener in gw.turn_listeners:
+        try:
+            listener(turns)
+        except Exception:  # a console line must never fail a recorded call
+            log.exception("a turn listener failed")
     for turn in turns:
         metrics.inc("clawrl_gateway_turns_recorded_total", status=turn.status.value)
         metrics.inc("clawrl_gateway_prompt_tokens_total", len(turn.prompt_ids))

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from clawrl.config import SamplingConfig
 from clawrl.engine import Engine
 from clawrl.gateway.metrics import Metrics
-from clawrl.store import Store
+from clawrl.store import Store, TurnRecord
 
 
 @dataclass
@@ -25,6 +26,8 @@ class GatewayState:
         defaults: sampling defaults for fields a request leaves out.
         metrics: the Prometheus metrics.
         started_at: seconds since the epoch when the app was created.
+        turn_listeners: called with each request's recorded turns, after they are durable
+            (``clawrl serve``'s console line per request).
     """
 
     engine: Engine
@@ -35,6 +38,7 @@ class GatewayState:
     defaults: SamplingConfig = field(default_factory=lambda: SamplingConfig.model_validate({}))
     metrics: Metrics = field(default_factory=Metrics)
     started_at: float = field(default_factory=time.time)
+    turn_listeners: list[Callable[[list[TurnRecord]], None]] = field(default_factory=list)
 
     @property
     def stop_token_ids(self) -> frozenset[int]:

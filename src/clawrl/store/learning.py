@@ -40,6 +40,18 @@ class DropReason(StrEnum):
     TEACHER_FAILED = "teacher_failed"
 
 
+DROP_EXPLANATIONS: dict[str, str] = {
+    DropReason.UNTRAINABLE: "the call failed, was cut off, or was an evaluation request",
+    DropReason.NO_NEXT_STATE: "the session ended before the user replied to this answer",
+    DropReason.NO_JUDGMENT: "every judge vote abstained (too unsure)",
+    DropReason.ZERO_SCORE: "the judge saw no evidence either way (score 0) and no hint",
+    DropReason.NO_HINT: "OPD needs a hint and the judge found no directive in the reply",
+    DropReason.STALE: "sampled by a policy too many versions behind",
+    DropReason.TEACHER_FAILED: "scoring the hint-enhanced prompt failed",
+}
+"""What each :class:`DropReason` means, in words (the demo report, the dashboard)."""
+
+
 @dataclass
 class JudgmentRecord:
     """The judge's verdict on one turn.
@@ -227,3 +239,64 @@ class LearningQueries:
             rows = conn.execute("SELECT * FROM judgments ORDER BY created_at").fetchall()
         for r in rows:
             yield _row_judgment(r)
+
+    def judgment_counts(self: _HasConnections) -> dict[str, int]:
+        """Judgments by outcome: ``{"+1": n, "-1": n, "0": n, "none/<reason>": n, "hinted": n}``."""
+        with self._read() as conn:
+            rows = conn.execute(
+                "SELECT score, reason, COUNT(*), SUM(hint IS NOT NULL) FROM judgments "
+                "GROUP BY score, reason"
+            ).fetchall()
+        out: dict[str, int] = {}
+        for score, reason, n, hinted in rows:
+            key = f"none/{reason or 'unknown'}" if score is None else f"{int(score):+d}"
+            if key == "+0":
+                key = "0"
+            out[key] = out.get(key, 0) + int(n)
+            out["hinted"] = out.get("hinted", 0) + int(hinted or 0)
+        return out
+
+    def recent_judgments(self: _HasConnections, limit: int = 500) -> list[JudgmentRecord]:
+        """The ``limit`` newest judgments, newest first."""
+        with self._read() as conn:
+            rows = conn.execute(
+                "SELECT * FROM judgments ORDER BY created_at DESC LIMIT ?", (int(limit),)
+            ).fetchall()
+        return [_row_judgment(r) for r in rows]
+
+    def learning_backlog(self: _HasConnections) -> dict[str, int]:
+        """``{"unjudged": n, "ready": n}``: ok, trainable main turns without a judgment yet
+        (including those still waiting for their next state), and judged turns the trainer
+        has not decided on yet."""
+        with self._read() as conn:
+            unjudged = conn.execute(
+                "SELECT COUNT(*) FROM turns t LEFT JOIN judgments j ON j.turn_id = t.id "
+                "WHERE j.turn_id IS NULL AND t.status = 'ok' AND t.trainable = 1 "
+                "AND t.kind = 'main'"
+            ).fetchone()[0]
+            ready = conn.execute(
+                "SELECT COUNT(*) FROM judgments j LEFT JOIN samples s ON s.turn_id = j.turn_id "
+                "WHERE s.turn_id IS NULL"
+            ).fetchone()[0]
+        return {"unjudged": int(unjudged), "ready": int(ready)}
+
+    def session_learning(
+        self: _HasConnections, session_id: str
+    ) -> tuple[dict[str, JudgmentRecord], dict[str, SampleRecord]]:
+        """A session's judgments and trainer decisions, each keyed by turn id."""
+        with self._read() as conn:
+            jrows = conn.execute(
+                "SELECT * FROM judgments WHERE session_id = ?", (session_id,)
+            ).fetchall()
+            srows = conn.execute(
+                "SELECT s.* FROM samples s JOIN turns t ON t.id = s.turn_id WHERE t.session_id = ?",
+                (session_id,),
+            ).fetchall()
+        samples = {
+            r["turn_id"]: SampleRecord(
+                r["turn_id"], SampleStatus(r["status"]), r["reason"], r["step"],
+                r["policy_version"], r["created_at"],
+            )
+            for r in srows
+        }  # fmt: skip
+        return {r["turn_id"]: _row_judgment(r) for r in jrows}, samples

@@ -288,6 +288,26 @@ class Store(LearningQueries):
             for r in rows
         ]
 
+    def activity(self, since: float) -> dict[str, float]:
+        """Traffic since ``since`` (seconds since the epoch) and totals: ``{"turns",
+        "completion_tokens", "prompt_tokens"}`` of turns created since then, plus
+        ``"sessions_total"`` and ``"turns_total"``."""
+        with self._read() as conn:
+            recent = conn.execute(
+                "SELECT COUNT(*), COALESCE(SUM(completion_len), 0), COALESCE(SUM(prompt_len), 0) "
+                "FROM turns WHERE created_at >= ?",
+                (float(since),),
+            ).fetchone()
+            sessions = conn.execute("SELECT COUNT(*) FROM sessions").fetchone()[0]
+            turns = conn.execute("SELECT COUNT(*) FROM turns").fetchone()[0]
+        return {
+            "turns": float(recent[0]),
+            "completion_tokens": float(recent[1]),
+            "prompt_tokens": float(recent[2]),
+            "sessions_total": float(sessions),
+            "turns_total": float(turns),
+        }
+
     def session_ids(self) -> list[str]:
         """Every session id, oldest first."""
         with self._read() as conn:

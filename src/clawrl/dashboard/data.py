@@ -1,0 +1,504 @@
+"""What the dashboard shows, read from the store and the trainer's output directory.
+
+Every view is a JSON-ready dict built from what the online loop already writes: the trajectory
+store (sessions, turns, judgments, trainer decisions) and ``OUTPUT_DIR/metrics.jsonl`` (one row
+per training step, :class:`clawrl.trainer.metrics.MetricsWriter`). A live server adds its
+in-memory counters (:class:`~clawrl.trainer.service.ServiceStatus`) and the demo adds its
+evaluations and the judge's agreement with the simulated user; a finished run is read the
+same way, from its files. Nothing here writes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from clawrl.errors import StoreError
+from clawrl.store import JudgmentRecord, SampleRecord, Store, TurnRecord
+from clawrl.store.learning import DROP_EXPLANATIONS, SampleStatus
+from clawrl.trajectory.next_state import next_state
+from clawrl.trajectory.tree import SessionTree, load_tree
+
+RATE_WINDOW_S = 60.0
+"""Seconds of traffic that requests/s and tokens/s are averaged over."""
+
+TEXT_LIMIT = 4000
+"""Characters of one message, completion or next state sent to the browser (the rest is cut,
+with a note)."""
+
+SESSION_SCAN = 2000
+"""Newest sessions the sessions page searches."""
+
+CURVES = {
+    "loss": "loss",
+    "reward/mean": "reward mean",
+    "kl/ref": "KL to the reference",
+    "clip/low_frac": "clip fraction (low)",
+    "clip/high_frac": "clip fraction (high)",
+    "hint/rate": "hint rate",
+    "time/step": "step time (s)",
+}
+"""metrics.jsonl keys drawn as curves on the training page, with their titles."""
+
+UNTRAINABLE_WORDS = {
+    "side_call": "a side call (title, compaction, memory): data, never loss",
+    "incomplete": "the client disconnected before the answer finished",
+    "error": "the engine failed or the prompt did not fit",
+    "evaluation": "an evaluation request (greedy, never trained)",
+    "truncated_sampling": "sampled with top-k / top-p: its log-probs are of another distribution",
+    "unclosed_reasoning": "stopped inside an unclosed <think>",
+}
+"""Words for the common untrainable reasons (others are shown as stored)."""
+
+
+def _cut(text: str | None, limit: int = TEXT_LIMIT) -> str:
+    if not text:
+        return ""
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"\n[... {len(text) - limit} more characters]"
+
+
+def message_text(message: dict[str, Any]) -> str:
+    """A chat message's visible text: string content, text parts, tool calls and results."""
+    content = message.get("content")
+    parts: list[str] = []
+    if isinstance(content, str):
+        parts.append(content)
+    elif isinstance(content, list):
+        for part in content:
+            if not isinstance(part, dict):
+                continue
+            if isinstance(part.get("text"), str):
+                parts.append(part["text"])
+            elif part.get("type") in ("tool_result", "function_call_output"):
+                inner = part.get("content", part.get("output"))
+                parts.append(inner if isinstance(inner, str) else json.dumps(inner))
+            elif part.get("type"):
+                parts.append(f"[{part['type']}]")
+    for call in message.get("tool_calls") or []:
+        fn = call.get("function", call) if isinstance(call, dict) else {}
+        parts.append(f"→ {fn.get('name', '?')}({_cut(str(fn.get('arguments', '')), 500)})")
+    return "\n".join(p for p in parts if p)
+
+
+def _message(message: dict[str, Any]) -> dict[str, str]:
+    return {"role": str(message.get("role", "?")), "text": _cut(message_text(message))}
+
+
+def _output(turn: TurnRecord) -> dict[str, Any]:
+    out = turn.output or {}
+    calls = [
+        f"{c.get('function', c).get('name', '?')}({_cut(str(c.get('function', c).get('arguments', '')), 500)})"
+        for c in out.get("tool_calls") or []
+        if isinstance(c, dict)
+    ]
+    return {
+        "content": _cut(out.get("content") if isinstance(out.get("content"), str) else ""),
+        "reasoning": _cut(out.get("reasoning") if isinstance(out.get("reasoning"), str) else ""),
+        "tool_calls": calls,
+    }
+
+
+def _new_messages(turn: TurnRecord, parent: TurnRecord | None) -> tuple[list[dict[str, str]], int]:
+    """The turn's request messages a reader has not seen in its parent (its parent's messages
+    and the parent's answer are skipped when they are a prefix), and how many were skipped."""
+    msgs = turn.request_messages
+    if parent is not None:
+        k = len(parent.request_messages)
+        if msgs[:k] == parent.request_messages and len(msgs) > k:
+            skip = k + 1 if len(msgs) > k + 1 and msgs[k].get("role") == "assistant" else k
+            return [_message(m) for m in msgs[skip:]], skip
+    return [_message(m) for m in msgs], 0
+
+
+def _judgment(j: JudgmentRecord | None) -> dict[str, Any] | None:
+    if j is None:
+        return None
+    return {
+        "score": j.score,
+        "reason": j.reason,
+        "hint": j.hint,
+        "backend": j.backend,
+        "latency_s": j.latency_s,
+        "votes": [
+            {"score": v.get("score"), "abstain": v.get("abstain"), "hint": v.get("hint")}
+            for v in j.votes
+        ],
+    }
+
+
+def _training(
+    node_trainable: bool, reason: str | None, sample: SampleRecord | None, judged: bool
+) -> dict[str, Any]:
+    """Whether a turn was trained, and why not, in words."""
+    if sample is not None and sample.status == SampleStatus.TRAINED:
+        return {
+            "state": "trained",
+            "step": sample.step,
+            "version": sample.policy_version,
+            "text": f"trained at step {sample.step} (produced policy v{sample.policy_version})",
+        }
+    if sample is not None:
+        why = DROP_EXPLANATIONS.get(str(sample.reason), "")
+        return {
+            "state": "dropped",
+            "reason": sample.reason,
+            "text": f"not trained: {sample.reason}" + (f" ({why})" if why else ""),
+        }
+    if not node_trainable:
+        why = UNTRAINABLE_WORDS.get(str(reason), "")
+        return {
+            "state": "untrainable",
+            "reason": reason,
+            "text": f"untrainable: {reason}" + (f" ({why})" if why else ""),
+        }
+    if judged:
+        return {"state": "ready", "text": "judged; no training decision yet"}
+    return {"state": "waiting", "text": "waiting for its next state and the judge"}
+
+
+def _scored(counts: dict[str, int]) -> int:
+    """Judgments with a verdict (+1, -1 or 0) in :meth:`Store.judgment_counts`."""
+    return sum(counts.get(k, 0) for k in ("+1", "-1", "0"))
+
+
+@dataclass
+class DashboardSource:
+    """Where the dashboard reads from.
+
+    Attributes:
+        store: the trajectory store (a live gateway's, or one opened for reading).
+        output_dir: the trainer's output directory (``metrics.jsonl``, ``policies/v*``), or
+            ``None`` when nothing trains.
+        status: the live online loop's counters (``OnlineService.status``), or ``None``.
+        policy_version: the version the engine serves now, or ``None`` (then the last
+            published version in ``metrics.jsonl``).
+        demo: the demo's live view (evaluations, judge agreement; see
+            :func:`demo_view`), or ``None``.
+        title: shown in the page header (model and method).
+        read_only: a dashboard over a finished run or a store in use by another process.
+    """
+
+    store: Store
+    output_dir: Path | None = None
+    status: Callable[[], Any] | None = None
+    policy_version: Callable[[], int] | None = None
+    demo: Callable[[], dict[str, Any] | None] | None = None
+    title: str = "clawrl"
+    read_only: bool = False
+    started_at: float = field(default_factory=time.time)
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def metrics(self) -> list[dict[str, Any]]:
+        """The trainer's per-step rows (``[]`` without an output directory)."""
+        if self.output_dir is None:
+            return []
+        path = self.output_dir / "metrics.jsonl"
+        if not path.is_file():
+            return []
+        rows = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line being written right now
+        return rows
+
+    # -- views -------------------------------------------------------------------------------
+
+    def overview(self) -> dict[str, Any]:
+        """Policy version and its history, traffic rates, judge backlog, samples ready, drops
+        (with words), the training step and the last step's metrics."""
+        now = time.time()
+        # a live server averages over its own uptime until it has a full window
+        window = (
+            RATE_WINDOW_S if self.read_only else min(RATE_WINDOW_S, max(1.0, now - self.started_at))
+        )
+        act = self.store.activity(now - window)
+        backlog = self.store.learning_backlog()
+        counts = self.store.sample_counts()
+        rows = self.metrics()
+        versions = [
+            {"version": int(r["policy/version"]), "step": int(r["step"]), "time": r["time"]}
+            for r in rows
+            if r.get("policy/version") is not None
+        ]
+        version = (
+            self.policy_version()
+            if self.policy_version is not None
+            else (versions[-1]["version"] if versions else 0)
+        )
+        live = self.status() if self.status is not None else None
+        drops = [
+            {
+                "reason": k.split("/", 1)[1],
+                "count": v,
+                "text": DROP_EXPLANATIONS.get(k.split("/", 1)[1], ""),
+            }
+            for k, v in sorted(counts.items())
+            if k.startswith("drop/")
+        ]
+        last = rows[-1] if rows else None
+        return {
+            "title": self.title,
+            "read_only": self.read_only,
+            "now": now,
+            "policy_version": version,
+            "versions": versions[-50:],
+            "rate_window_s": window,
+            "requests_per_s": act["turns"] / window,
+            "tokens_per_s": act["completion_tokens"] / window,
+            "sessions": int(act["sessions_total"]),
+            "turns": int(act["turns_total"]),
+            "judge_backlog": backlog["unjudged"],
+            "judged": _scored(self.store.judgment_counts()),
+            "samples_ready": live.ready if live is not None else backlog["ready"],
+            "trained": counts.get("trained", 0),
+            "drops": drops,
+            "step": int(last["step"]) if last else 0,
+            "last_step": last,
+            "live": live is not None,
+        }
+
+    def sessions(self, query: str = "", limit: int = 100, offset: int = 0) -> dict[str, Any]:
+        """Sessions, newest first, whose id, client, harness or attribution contains ``query``
+        (case-insensitive; the newest :data:`SESSION_SCAN` are searched)."""
+        q = query.strip().lower()
+        limit = max(1, min(int(limit), 500))
+        offset = max(0, int(offset))
+        if q:
+            pool = self.store.list_sessions(limit=SESSION_SCAN)
+        else:
+            pool = self.store.list_sessions(limit=limit, offset=offset)
+        rows = []
+        for s in pool:
+            rec = s.session
+            harness = rec.metadata.get("harness") if isinstance(rec.metadata, dict) else None
+            row = {
+                "id": rec.id,
+                "client": rec.client or "",
+                "harness": str(harness or ""),
+                "attribution": rec.source.value,
+                "turns": s.turns,
+                "trainable": s.trainable_turns,
+                "side": s.side_turns,
+                "failed": s.failed_turns,
+                "tokens": s.prompt_tokens + s.completion_tokens,
+                "created_at": rec.created_at,
+                "last_activity": s.last_turn_at or rec.created_at,
+                "ended": rec.ended_at is not None,
+            }
+            hay = " ".join(str(row[k]) for k in ("id", "client", "harness", "attribution"))
+            if not q or q in hay.lower():
+                rows.append(row)
+        if q:
+            rows = rows[offset : offset + limit]
+        return {"query": query, "offset": offset, "sessions": rows}
+
+    def session(self, session_id: str) -> dict[str, Any]:
+        """One session as its prefix tree: per turn its new messages, completion, version, next
+        state, the judge's votes, score and hint, and whether it was trained or why not.
+
+        Raises:
+            StoreError: unknown session.
+        """
+        tree: SessionTree = load_tree(self.store, session_id)
+        rec = self.store.get_session(session_id)
+        if rec is None:  # pragma: no cover - load_tree raised already
+            raise StoreError(f"unknown session {session_id!r}")
+        judgments, samples = self.store.session_learning(session_id)
+        turns = []
+        for segment, roots in tree.segments().items():
+            stack = list(reversed(roots))
+            while stack:
+                tid = stack.pop()
+                node = tree.node(tid)
+                turn = node.turn
+                parent = tree.nodes[node.parent_id].turn if node.parent_id in tree.nodes else None
+                new, skipped = _new_messages(turn, parent)
+                state = next_state(tree, tid)
+                j = judgments.get(tid)
+                turns.append(
+                    {
+                        "id": turn.id,
+                        "parent_id": node.parent_id,
+                        "segment": segment,
+                        "depth": node.depth,
+                        "kind": turn.kind.value
+                        if turn.side_kind is None
+                        else f"{turn.kind.value}/{turn.side_kind}",
+                        "root_reason": None if node.root_reason is None else node.root_reason.value,
+                        "status": turn.status.value,
+                        "finish_reason": turn.finish_reason,
+                        "version": turn.policy_version,
+                        "prompt_tokens": len(turn.prompt_ids),
+                        "completion_tokens": len(turn.completion_ids),
+                        "latency_s": turn.latency_s,
+                        "created_at": turn.created_at,
+                        "attribution": turn.client.get("attribution"),
+                        "messages": new,
+                        "messages_skipped": skipped,
+                        "output": _output(turn),
+                        "next_state": None
+                        if state is None
+                        else {
+                            "role": state.role.value,
+                            "messages": [_message(m) for m in state.messages],
+                            "child_turn_id": state.child_turn_id,
+                            "feedback": [
+                                {"reward": f.reward, "comment": f.comment} for f in state.feedback
+                            ],
+                            "note": state.note,
+                        },
+                        "judgment": _judgment(j),
+                        "training": _training(
+                            node.trainable,
+                            None
+                            if node.untrainable_reason is None
+                            else str(node.untrainable_reason),
+                            samples.get(tid),
+                            j is not None,
+                        ),
+                    }
+                )
+                stack.extend(reversed(tree.ordered_children(tid)))
+        return {
+            "id": rec.id,
+            "client": rec.client or "",
+            "attribution": rec.source.value,
+            "created_at": rec.created_at,
+            "ended_at": rec.ended_at,
+            "metadata": rec.metadata,
+            "untrainable": tree.reason_counts(),
+            "turns": turns,
+        }
+
+    def training(self) -> dict[str, Any]:
+        """Per-step curves (:data:`CURVES`) and, in the demo, its evaluations."""
+        rows = self.metrics()
+        curves = {
+            key: {
+                "title": title,
+                "points": [[int(r["step"]), r[key]] for r in rows if r.get(key) is not None],
+            }
+            for key, title in CURVES.items()
+        }
+        return {
+            "steps": len(rows),
+            "curves": curves,
+            "output_dir": None if self.output_dir is None else str(self.output_dir),
+            "demo": self.demo() if self.demo is not None else None,
+        }
+
+    def judge(self) -> dict[str, Any]:
+        """Score distribution, abstentions by reason (the judgment's and each vote's), hint
+        rate, latency and, where the scenario knows the truth, the agreement with it."""
+        counts = self.store.judgment_counts()
+        recent = self.store.recent_judgments(500)
+        votes: Counter[str] = Counter()
+        vote_total = 0
+        for j in recent:
+            for v in j.votes:
+                vote_total += 1
+                if v.get("abstain"):
+                    votes[str(v["abstain"])] += 1
+        latencies = sorted(j.latency_s for j in recent if j.latency_s is not None)
+        judged = _scored(counts)
+        demo = self.demo() if self.demo is not None else None
+        return {
+            "judged": judged,
+            "distribution": {
+                k: v for k, v in counts.items() if not k.startswith("none/") and k != "hinted"
+            },
+            "no_judgment": {
+                k.split("/", 1)[1]: v for k, v in counts.items() if k.startswith("none/")
+            },
+            "hinted": counts.get("hinted", 0),
+            "vote_abstentions": dict(votes.most_common()),
+            "votes_seen": vote_total,
+            "latency_p50_s": latencies[len(latencies) // 2] if latencies else None,
+            "backends": sorted({j.backend for j in recent}),
+            "agreement": None if demo is None else demo.get("agreement"),
+            "recent": [
+                {
+                    "turn_id": j.turn_id,
+                    "session_id": j.session_id,
+                    "score": j.score,
+                    "reason": j.reason,
+                    "hint": j.hint,
+                    "created_at": j.created_at,
+                }
+                for j in recent[:20]
+            ],
+        }
+
+
+def demo_view(result: Any, agreement: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The demo's part of the dashboard from a :class:`clawrl.demo.runner.MethodResult` (live
+    or loaded from ``results.json``): per evaluated step the score with its interval, the
+    per-check pass rates, and two answers before and after."""
+
+    def get(obj: Any, key: str, default: Any = None) -> Any:
+        return obj.get(key, default) if isinstance(obj, dict) else getattr(obj, key, default)
+
+    evaluations = sorted((get(result, "evaluations") or {}).items(), key=lambda kv: int(kv[0]))
+    steps = []
+    for step, ev in evaluations:
+        steps.append(
+            {
+                "step": int(step),
+                "version": get(ev, "version"),
+                "score": get(ev, "score"),
+                "ci": list(get(ev, "ci") or []),
+                "checks": dict(get(ev, "check_rates") or {}),
+            }
+        )
+    examples = []
+    questions = list(get(result, "questions") or [])
+    if len(evaluations) >= 2:
+        first, last = evaluations[0][1], evaluations[-1][1]
+        before, after = get(first, "answers") or [], get(last, "answers") or []
+        sb, sa = get(first, "scores") or [], get(last, "scores") or []
+        order = sorted(range(min(len(sb), len(sa))), key=lambda i: sa[i] - sb[i], reverse=True)
+        for i in order[:2]:
+            if i < len(questions) and i < len(before) and i < len(after):
+                examples.append(
+                    {
+                        "question": questions[i],
+                        "before": _cut(before[i], 1500),
+                        "after": _cut(after[i], 1500),
+                        "score_before": sb[i],
+                        "score_after": sa[i],
+                    }
+                )
+    return {
+        "method": get(result, "method"),
+        "seed": get(result, "seed"),
+        "evaluations": steps,
+        "examples": examples,
+        "agreement": agreement() if agreement is not None else get(result, "agreement"),
+    }
+
+
+def load_demo_result(results_json: Path, run: str | None = None) -> dict[str, Any] | None:
+    """One run of a demo's ``results.json`` (``METHOD-seedN``; default: the first).
+
+    Raises:
+        StoreError: no such run in the file.
+    """
+    data = json.loads(results_json.read_text(encoding="utf-8"))
+    if not data:
+        return None
+    if run is None:
+        return data[0]
+    for r in data:
+        if f"{r.get('method')}-seed{r.get('seed')}" == run:
+            return r
+    raise StoreError(f"{results_json} has no run {run!r}")

@@ -1,0 +1,169 @@
+"""The dashboard's routes: four pages and the JSON they poll.
+
+==========================================  ===================================================
+route                                       serves
+==========================================  ===================================================
+``GET /dashboard``                          overview: policy version, traffic, backlog, drops
+``GET /dashboard/sessions``                 searchable session list
+``GET /dashboard/sessions/{id}``            one session's prefix tree, judgments, training
+``GET /dashboard/training``                 live curves (and the demo's evaluations)
+``GET /dashboard/judge``                    score distribution, abstentions, agreement
+``GET /dashboard/api/{overview,sessions,``  the JSON each page polls every
+``training,judge}``, ``/api/sessions/{id}`` :data:`POLL_MS` milliseconds
+``GET /dashboard/static/{file}``            ``app.js``, ``style.css`` (shipped in the package)
+==========================================  ===================================================
+
+Pages are a static HTML shell filled by ``app.js`` (no build step, no CDN: it works offline).
+Every text from the store reaches the page through ``textContent``, never as HTML. Store reads
+run in a worker thread. Auth is the gateway's (:class:`clawrl.gateway.auth.ApiKeyMiddleware`):
+with an API key set a browser gets a Basic-auth prompt (any user name, the key as password).
+"""
+
+from __future__ import annotations
+
+import html
+from importlib import resources
+from typing import Any
+
+import anyio.to_thread
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+
+from clawrl.dashboard.data import DashboardSource
+from clawrl.errors import ClientInputError, StoreError
+
+PREFIX = "/dashboard"
+POLL_MS = 2000
+"""How often a page refreshes its data (milliseconds)."""
+
+PAGES = {
+    "overview": ("", "Overview"),
+    "sessions": ("/sessions", "Sessions"),
+    "training": ("/training", "Training"),
+    "judge": ("/judge", "Judge"),
+}
+STATIC = {"app.js": "text/javascript; charset=utf-8", "style.css": "text/css; charset=utf-8"}
+
+
+def _source(request: Request) -> DashboardSource:
+    source: DashboardSource = request.app.state.dashboard
+    return source
+
+
+def _shell(page: str, source: DashboardSource, extra: dict[str, str] | None = None) -> str:
+    nav = "".join(
+        f'<a href="{PREFIX}{path}" class="{"on" if key == page else ""}">{title}</a>'
+        for key, (path, title) in PAGES.items()
+    )
+    data = {"page": page, "prefix": PREFIX, "poll": str(POLL_MS), **(extra or {})}
+    attrs = " ".join(f'data-{k}="{html.escape(v, quote=True)}"' for k, v in data.items())
+    title = html.escape(source.title)
+    badge = ' <span class="badge">read-only</span>' if source.read_only else ""
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{title} · {PAGES.get(page, ("", "Session"))[1]}</title>
+<link rel="icon" href="data:,">
+<link rel="stylesheet" href="{PREFIX}/static/style.css"></head>
+<body {attrs}>
+<header><span class="brand">clawrl</span> <span class="title">{title}</span>{badge}
+<nav>{nav}</nav><span id="live" class="live">connecting…</span></header>
+<main id="main"><p class="muted">loading…</p></main>
+<script src="{PREFIX}/static/app.js"></script>
+</body></html>"""
+
+
+router = APIRouter(prefix=PREFIX)
+
+
+def _page(page: str) -> Any:
+    async def serve(request: Request) -> HTMLResponse:
+        return HTMLResponse(_shell(page, _source(request)))
+
+    serve.__doc__ = f"The {PAGES[page][1].lower()} page."
+    return serve
+
+
+for _key, (_path, _title) in PAGES.items():
+    router.add_api_route(_path, _page(_key), methods=["GET"], response_class=HTMLResponse)
+
+
+@router.get("/sessions/{session_id}", response_class=HTMLResponse)
+async def session_page(session_id: str, request: Request) -> HTMLResponse:
+    """One session's page."""
+    return HTMLResponse(_shell("session", _source(request), {"session": session_id}))
+
+
+@router.get("/static/{name}")
+async def static(name: str) -> Response:
+    """``app.js`` and ``style.css`` from the package (404 for anything else)."""
+    if name not in STATIC:
+        raise ClientInputError(f"no dashboard asset {name!r}", status=404, code="not_found")
+    body = resources.files("clawrl.dashboard").joinpath("static", name).read_bytes()
+    return Response(body, media_type=STATIC[name], headers={"Cache-Control": "no-cache"})
+
+
+async def _json(fn: Any, *args: Any) -> JSONResponse:
+    data = await anyio.to_thread.run_sync(fn, *args)
+    return JSONResponse(data, headers={"Cache-Control": "no-store"})
+
+
+@router.get("/api/overview")
+async def api_overview(request: Request) -> JSONResponse:
+    """:meth:`DashboardSource.overview`."""
+    return await _json(_source(request).overview)
+
+
+@router.get("/api/sessions")
+async def api_sessions(
+    request: Request, q: str = "", limit: int = 100, offset: int = 0
+) -> JSONResponse:
+    """:meth:`DashboardSource.sessions` (``q``: search text)."""
+    if len(q) > 500:
+        raise ClientInputError("the search text is longer than 500 characters", param="q")
+    return await _json(_source(request).sessions, q, limit, offset)
+
+
+@router.get("/api/sessions/{session_id}")
+async def api_session(session_id: str, request: Request) -> JSONResponse:
+    """:meth:`DashboardSource.session`.
+
+    Raises:
+        ClientInputError: 404 for an unknown session.
+    """
+    source = _source(request)
+
+    def read() -> dict[str, Any]:
+        if source.store.get_session(session_id) is None:
+            raise ClientInputError(
+                f"session {session_id!r} does not exist",
+                status=404,
+                param="session_id",
+                code="session_not_found",
+            )
+        try:
+            return source.session(session_id)
+        except StoreError as exc:
+            raise ClientInputError(str(exc), status=404, code="session_not_found") from exc
+
+    return await _json(read)
+
+
+@router.get("/api/training")
+async def api_training(request: Request) -> JSONResponse:
+    """:meth:`DashboardSource.training`."""
+    return await _json(_source(request).training)
+
+
+@router.get("/api/judge")
+async def api_judge(request: Request) -> JSONResponse:
+    """:meth:`DashboardSource.judge`."""
+    return await _json(_source(request).judge)
+
+
+def mount_dashboard(app: FastAPI, source: DashboardSource) -> DashboardSource:
+    """Serve the dashboard on ``app`` under ``/dashboard``; returns ``source`` (the caller may
+    set its ``demo`` view later)."""
+    app.state.dashboard = source
+    app.include_router(router)
+    return source
