@@ -257,6 +257,7 @@ def build_runtime(
             store, output_dir=Path(config.trainer.output_dir) if method.trains else None,
             status=service.status if service is not None else None,
             policy_version=lambda: engine.policy_version, title=f"{name} · {method.kind}",
+            judging=service is not None,
         ))  # fmt: skip
     except BaseException:
         for closer in reversed(owned):

@@ -24,12 +24,13 @@ TRICKY = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned=
 
 
 async def scripted_judge(inp):
-    """+1 when the user thanks, else -1 with a hint."""
+    """+1 when the user thanks, else -1 with a hint (the hostile text itself for it)."""
     if "thanks" in inp.next_state.text:
         return Judgment(score=Score.GOOD, backend=BackendKind.GENERATIVE, model="scripted")
+    hint = TRICKY if TRICKY in inp.next_state.text else HINT
     return Judgment(
         score=Score.BAD, backend=BackendKind.GENERATIVE, model="scripted",
-        hint=Hint(text=HINT, selection=HintSelection.SINGLE),
+        hint=Hint(text=hint, selection=HintSelection.SINGLE),
     )  # fmt: skip
 
 
@@ -49,18 +50,22 @@ class Live:
     client: openai.OpenAI
     url: str
 
-    def converse(self, sid: str, replies: list[str], first: str = "what is 2 + 2?") -> None:
-        """One conversation: the first message, then each reply after the policy's answer."""
+    def converse(self, sid: str, replies: list[str], first: str = "what is 2 + 2?",
+                 user_agent: str | None = None) -> None:  # fmt: skip
+        """One conversation: the first message, then each reply after the policy's answer;
+        then the session is ended (its last answer never gets a next state)."""
         messages = [{"role": "user", "content": first}]
+        headers = {"X-Session-Id": sid} | ({"User-Agent": user_agent} if user_agent else {})
         for reply in [*replies, None]:
             r = self.client.chat.completions.create(
                 model="tiny", messages=messages, max_tokens=6, temperature=1.0,
-                extra_headers={"X-Session-Id": sid},
+                extra_headers=headers,
             )  # fmt: skip
             if reply is None:
                 break
             messages += [{"role": "assistant", "content": r.choices[0].message.content or ""},
                          {"role": "user", "content": reply}]  # fmt: skip
+        self.client.post(f"/sessions/{sid}/end", cast_to=object, body={})
 
     def steps(self) -> int:
         """Steps whose metrics row is written and whose version is served (what the dashboard
@@ -88,8 +93,11 @@ def live(tmp_path_factory):
     live.recorded = lines  # type: ignore[attr-defined]
     try:
         live.converse("dash-one", ["no, that is wrong, redo it", "thanks!"])
-        live.converse("dash-two", [TRICKY], first=f"explain {TRICKY}")
-        assert wait_for(lambda: live.steps() >= 1), runtime.service.status()
+        live.converse("dash-two", [TRICKY], first=f"explain {TRICKY}", user_agent=TRICKY)
+        # a step, and the judge worker has seen both sessions' last answers (no next state)
+        assert wait_for(lambda: live.steps() >= 1
+                        and runtime.store.sample_counts().get("drop/no_next_state", 0) >= 2
+                        ), runtime.service.status()  # fmt: skip
         yield live
     finally:
         server.stop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import time
 
 import httpx
 import pytest
@@ -13,7 +14,7 @@ from clawrl.gateway import create_app
 from clawrl.gateway.testing import ScriptedEngine
 from clawrl.store import Store
 
-from .conftest import HINT, TRICKY
+from .conftest import HINT, TRICKY, wait_for
 
 
 def get(live, path: str) -> dict:
@@ -28,13 +29,17 @@ def test_overview_counts_traffic_judgments_and_the_step(live):
     assert d["policy_version"] == live.runtime.engine.policy_version >= 1
     assert d["versions"][0] == {"version": 1, "step": 1, "time": d["versions"][0]["time"]}
     assert d["sessions"] == 2 and d["turns"] == 5
-    assert d["requests_per_s"] > 0 and d["tokens_per_s"] > 0
     assert d["judged"] >= 2 and d["trained"] >= 2
     assert d["last_step"]["step"] == d["step"] and "loss" in d["last_step"]
-    # the last answer of each session has no next state: a judgment-less drop or backlog
-    reasons = {x["reason"]: x for x in d["drops"]}
-    for x in reasons.values():
-        assert x["text"], x  # every reason is explained in words
+    # the last answer of each ended session has no next state: dropped, with the reason in words
+    drops = {x["reason"]: x for x in d["drops"]}
+    assert drops["no_next_state"]["count"] == 2
+    assert "session ended" in drops["no_next_state"]["text"]
+    assert all(x["text"] for x in drops.values())
+    # rates: calls (choice 0) and sampled tokens over the window, from the store
+    act = live.runtime.store.activity(0.0)
+    assert act["requests"] == 5 and act["completion_tokens"] >= 5
+    assert 0 <= d["requests_per_s"] <= 5 / 1.0 and d["rate_window_s"] <= 60
 
 
 def test_sessions_list_and_search(live):
@@ -43,14 +48,30 @@ def test_sessions_list_and_search(live):
     assert set(ids) == {"dash-one", "dash-two"}
     one = next(s for s in d["sessions"] if s["id"] == "dash-one")
     assert one["turns"] == 3 and one["trainable"] == 3 and one["attribution"] == "header"
-    assert [s["id"] for s in get(live, "/api/sessions?q=TWO")["sessions"]] == ["dash-two"]
+    assert d["total"] == 2 and d["limit"] == 100 and d["offset"] == 0
+    two = get(live, "/api/sessions?q=TWO")
+    assert [s["id"] for s in two["sessions"]] == ["dash-two"] and two["total"] == 1
     assert get(live, "/api/sessions?q=no-such-thing")["sessions"] == []
-    r = httpx.get(f"{live.url}/api/sessions", params={"q": "x" * 501})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "q"
+    # LIKE's wildcards are searched for literally
+    assert get(live, "/api/sessions?q=%25")["total"] == 0
+    assert get(live, "/api/sessions?q=dash_")["total"] == 0
+    page = get(live, "/api/sessions?limit=1&offset=1")
+    assert len(page["sessions"]) == 1 and page["total"] == 2
+    assert page["sessions"][0]["id"] != get(live, "/api/sessions?limit=1")["sessions"][0]["id"]
+
+
+@pytest.mark.parametrize("query", [
+    {"q": "x" * 501}, {"limit": "abc"}, {"limit": "0"}, {"limit": "501"}, {"offset": "-1"},
+    {"offset": str(10**20)},
+])  # fmt: skip
+def test_bad_list_parameters_are_a_400_naming_the_parameter(live, query):
+    r = httpx.get(f"{live.url}/api/sessions", params=query)
+    assert r.status_code == 400, r.text
+    assert next(iter(query)) in r.json()["error"]["message"]
 
 
 def test_one_session_shows_next_state_judgment_hint_and_training(live):
-    d = get(live, "/api/sessions/dash-one")
+    d = get(live, "/api/session?id=dash-one")
     turns = d["turns"]
     assert [t["depth"] for t in turns] == [0, 1, 2]
     first = turns[0]
@@ -70,10 +91,18 @@ def test_one_session_shows_next_state_judgment_hint_and_training(live):
 
 
 def test_unknown_session_and_asset_are_404_in_the_error_shape(live):
-    r = httpx.get(f"{live.url}/api/sessions/nope")
+    r = httpx.get(f"{live.url}/api/session", params={"id": "nope"})
     assert r.status_code == 404 and r.json()["error"]["code"] == "session_not_found"
-    r = httpx.get(f"{live.url}/static/../../etc/passwd")
-    assert r.status_code == 404
+    r = httpx.get(f"{live.url}/api/session")
+    assert r.status_code == 400 and "id" in r.json()["error"]["message"]
+    # the raw path reaches the static route (httpx would normalise a literal ../)
+    for raw in ("/dashboard/static/..%2f..%2fpyproject.toml", "/dashboard/static/%2e%2e",
+                "/dashboard/static/app.js%00"):  # fmt: skip
+        with httpx.Client(base_url=live.url.removesuffix("/dashboard")) as c:
+            r = c.send(
+                c.build_request("GET", httpx.URL(c.base_url.join("/"), raw_path=raw.encode()))
+            )
+        assert r.status_code == 404, (raw, r.status_code)
     r = httpx.get(f"{live.url}/static/secrets.txt")
     assert r.status_code == 404 and "error" in r.json()
 
@@ -85,15 +114,18 @@ def test_training_and_judge_views(live):
     j = get(live, "/api/judge")
     assert j["distribution"]["-1"] >= 1 and j["distribution"]["+1"] >= 1
     assert j["hinted"] >= 1 and j["agreement"] is None
+    # the ended sessions' last answers were never sent to the judge: not abstentions
+    assert j["skipped"] == {"no_next_state": 2} and j["no_judgment"] == {}
+    assert j["backends"] == ["generative:scripted"]
     assert j["recent"] and {"turn_id", "session_id", "score"} <= set(j["recent"][0])
 
 
 def test_pages_are_html_shells_with_escaped_attributes(live):
-    for path in ("", "/sessions", "/sessions/dash-one", "/training", "/judge"):
+    for path in ("", "/sessions", "/session?id=dash-one", "/training", "/judge"):
         r = httpx.get(f"{live.url}{path}")
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
         assert 'src="/dashboard/static/app.js"' in r.text
-    r = httpx.get(f"{live.url}/sessions/%22%3E%3Cscript%3Ex%3C%5Cscript%3E")  # "><script>x<\script>
+    r = httpx.get(f"{live.url}/session", params={"id": '"><script>x<\\script>'})
     assert r.status_code == 200 and "<script>x" not in r.text
     assert 'data-session="&quot;&gt;&lt;script&gt;x&lt;\\script&gt;"' in r.text
     for name, kind in (("app.js", "javascript"), ("style.css", "css")):
@@ -102,17 +134,28 @@ def test_pages_are_html_shells_with_escaped_attributes(live):
 
 
 def test_tricky_text_reaches_the_json_verbatim(live):
-    d = get(live, "/api/sessions/dash-two")
+    d = get(live, "/api/session?id=dash-two")
     assert d["turns"][0]["messages"][0]["text"] == f"explain {TRICKY}"
     assert d["turns"][0]["next_state"]["messages"][0]["text"] == TRICKY
+    assert d["turns"][0]["judgment"]["hint"] == TRICKY and d["client"] == TRICKY
 
 
 def test_one_console_line_per_request(live):
-    lines = [request_line(turns) for turns in live.recorded]
-    assert len(lines) == 5
+    lines = [request_line(turns) for turns in live.recorded[:5]]
     assert all(" chat session " in x and " tokens " in x and " v" in x for x in lines)
-    assert any("session dash-one turn " in x for x in lines)
-    assert lines[0].split()[-2:] == ["ok", "length"] or lines[0].endswith(" ok stop")
+    assert sum("session dash-one turn " in x for x in lines) == 3
+    assert lines[0].split()[-2:] in (["ok", "length"], ["ok", "stop"])
+    # a streamed call with two choices is one line, when the call ends
+    before = len(live.recorded)
+    stream = live.client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3, n=2,
+        stream=True, extra_headers={"X-Session-Id": "dash-stream"},
+    )  # fmt: skip
+    list(stream)
+    assert wait_for(lambda: len(live.recorded) > before, 10)
+    time.sleep(0.3)
+    (turns,) = live.recorded[before:]
+    assert len(turns) == 2 and " x2 " in request_line(turns)
 
 
 @pytest.fixture
@@ -147,3 +190,107 @@ def test_the_api_key_guards_the_dashboard_with_a_browser_prompt(keyed_app):
     import anyio
 
     anyio.run(go)
+
+
+def test_every_untrainable_reason_has_words():
+    from clawrl.dashboard.data import UNTRAINABLE_WORDS
+    from clawrl.store import UntrainableReason
+
+    assert set(UNTRAINABLE_WORDS) == set(UntrainableReason)
+
+
+def test_metrics_rows_without_a_step_or_with_nan_are_no_500(tmp_path):
+    from clawrl.dashboard.data import thin
+
+    store = Store(tmp_path / "m.db")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text(
+        '{"step": 1, "time": 1.0, "loss": NaN, "policy/version": 1}\n'
+        '{"time": 2.0, "loss": 1.0}\n'
+        "not json\n"
+        '{"step": 2, "time": 3.0, "loss": 0.5, "policy/version": 2}\n'
+        '{"step": 3, "loss": 0.2'  # being written: not a whole line yet
+    )
+    source = DashboardSource(store, output_dir=out, read_only=True)
+    rows = source.metrics()
+    assert [r["step"] for r in rows] == [1, 2] and rows[0]["loss"] is None
+    import json
+
+    json.dumps(source.overview(), allow_nan=False)
+    assert source.training()["curves"]["loss"]["points"] == [[2, 0.5]]
+    with (out / "metrics.jsonl").open("a") as f:
+        f.write(', "policy/version": 3}\n')
+    source._cache.clear()
+    assert [r["step"] for r in source.metrics()] == [1, 2, 3]
+    assert source.overview()["policy_version"] == 3
+    pts = [[i, float(i)] for i in range(2000)]
+    thinned = thin(pts, 500)
+    assert len(thinned) == 500 and thinned[0] == [0, 0.0] and thinned[-1] == [1999, 1999.0]
+    store.close()
+
+
+@pytest.mark.parametrize("sid", ["dir/../x", "..", ".", "a%2Fb", "sp ace?#&"])
+def test_any_session_id_opens(live, sid):
+    """Ids the gateway accepts that a URL path segment could not carry (slashes, dot segments,
+    escapes) travel as a query parameter."""
+    live.client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+        extra_headers={"X-Session-Id": sid},
+    )  # fmt: skip
+    d = get(live, f"/api/session?{httpx.QueryParams({'id': sid})}")
+    assert d["id"] == sid and len(d["turns"]) >= 1
+    r = httpx.get(f"{live.url}/session", params={"id": sid})
+    assert r.status_code == 200 and "data-session=" in r.text
+    live.runtime.dashboard._cache.clear()  # views are reused for a second
+    assert sid in [s["id"] for s in get(live, "/api/sessions?limit=500")["sessions"]]
+
+
+def test_a_malformed_tool_call_in_the_store_is_shown_not_a_500(live):
+    from clawrl.store import SessionSource, TurnRecord
+
+    store = live.runtime.store
+    store.get_or_create_session("odd-store", source=SessionSource.HEADER)
+    store.record_turn(TurnRecord(
+        session_id="odd-store", prompt_ids=[1, 2], completion_ids=[3], sampling_logprobs=[-1.0],
+        request_messages=["hello", {"role": "assistant", "tool_calls": [{"function": "x"}, None]},
+                          {"role": "user", "content": [1, {"type": "tool_use", "name": "t",
+                                                              "input": {"q": 1}}]}],
+        output={"content": "ok", "tool_calls": [{"function": None}, {"name": "f", "arguments": {"a": 1}}]},
+        error_kind="EngineError", error_message="it broke",
+    ))  # fmt: skip
+    d = get(live, "/api/session?id=odd-store")
+    (turn,) = d["turns"]
+    assert turn["messages"][0] == {"role": "?", "text": '"hello"'}
+    assert 't({"q": 1})' in turn["messages"][2]["text"]
+    assert turn["output"]["tool_calls"][1] == 'f({"a": 1})'
+    assert turn["error"] == "EngineError: it broke"
+
+
+def test_without_a_judge_nothing_waits_for_one(tmp_path, tokenizer):
+    from clawrl.config import load_config
+    from clawrl.runtime import build_runtime
+
+    runtime = build_runtime(load_config(None, []), policy=_tiny_policy(), store=tmp_path / "s.db")
+    try:
+        assert runtime.dashboard is not None and runtime.dashboard.judging is False
+        assert runtime.dashboard.overview()["judge_backlog"] is None
+    finally:
+        runtime.close()
+
+
+def _tiny_policy():
+    from clawrl.models import tiny_policy
+
+    return tiny_policy(seed=1, max_context=256)
+
+
+def test_the_view_cache_stays_bounded(tmp_path):
+    from clawrl.dashboard.data import CACHE_ENTRIES
+
+    store = Store(tmp_path / "c.db")
+    source = DashboardSource(store)
+    for i in range(CACHE_ENTRIES * 3):
+        source.sessions(f"q{i}", 10, 0)
+    assert len(source._cache) <= CACHE_ENTRIES
+    store.close()

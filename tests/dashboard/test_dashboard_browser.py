@@ -87,21 +87,24 @@ def test_overview(live, page, tmp_path):
 
 
 def test_sessions_search(live, page, tmp_path):
+    live.runtime.dashboard._cache.clear()  # views are reused for a second
     load(page, f"{live.url}/sessions")
-    assert page.locator("tr[data-session]").count() == 2
+    total = live.runtime.store.count_sessions()
+    assert page.locator("tr[data-session]").count() == total >= 2
+    assert f"of {total} session(s)" in page.locator("#session-count").inner_text()
     page.fill("#search", "two")
     page.wait_for_function("document.querySelectorAll('tr[data-session]').length === 1")
     assert page.locator("tr[data-session]").first.get_attribute("data-session") == "dash-two"
     assert "q=two" in page.url
     page.fill("#search", "")
-    page.wait_for_function("document.querySelectorAll('tr[data-session]').length === 2")
+    page.wait_for_function(f"document.querySelectorAll('tr[data-session]').length === {total}")
     shoot(page, tmp_path, "sessions")
     page.click("a:text('dash-one')")
-    page.wait_for_url("**/sessions/dash-one")
+    page.wait_for_url("**/session?id=dash-one")
 
 
 def test_a_session_follows_a_turn_from_request_to_training(live, page, tmp_path):
-    load(page, f"{live.url}/sessions/dash-one")
+    load(page, f"{live.url}/session?id=dash-one")
     first = page.locator("article.turn").first
     assert "what is 2 + 2?" in first.locator(".messages").inner_text()
     assert "no, that is wrong, redo it" in first.locator(".next-state").inner_text()
@@ -114,10 +117,16 @@ def test_a_session_follows_a_turn_from_request_to_training(live, page, tmp_path)
 
 
 def test_store_text_is_shown_as_text_never_run(live, page):
-    load(page, f"{live.url}/sessions/dash-two")
-    assert page.evaluate("window.__pwned") is None
+    """Messages, next states, hints and the client name (the User-Agent) are hostile HTML."""
+    for path in ("/session?id=dash-two", "/sessions", "/judge"):
+        load(page, f"{live.url}{path}")
+        page.wait_for_timeout(300)  # an injected onerror handler would have run by now
+        assert page.evaluate("window.__pwned") is None, path
+        assert page.locator("main img, main script").count() == 0, path
+    load(page, f"{live.url}/session?id=dash-two")
     assert TRICKY in page.locator(".next-state pre").first.inner_text()
-    assert page.locator(".next-state img").count() == 0
+    assert TRICKY in page.locator(".hint").first.inner_text()
+    assert TRICKY in page.locator("main > #content > p.muted").first.inner_text()
 
 
 def test_a_curve_gains_a_point_after_a_step(live, page, tmp_path):

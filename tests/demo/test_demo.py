@@ -67,7 +67,7 @@ def test_the_demo_trains_evaluates_and_reports(demo):
             assert len(e.scores) == 6 and e.ci[0] <= e.score <= e.ci[1]
             assert set(e.check_rates) == {c for c in e.checks[0]}
         assert r.first_answers and set(r.converge) >= {"overall", "answer_first"}
-        assert r.agreement["compared"] >= 0 and "sign_error_rate" in r.agreement
+        assert r.agreement["compared"] > 0 and "sign_error_rate" in r.agreement
         # only the last checkpoint and policy version are kept
         ckpts = sorted((report.parent / "runs" / f"{r.method}-seed0" / "trainer" /
                         "checkpoints").glob("step-*"))  # fmt: skip
@@ -147,10 +147,16 @@ def test_each_run_prints_its_dashboard_and_a_finished_run_opens_in_it(demo):
     store_path, out_dir, results_json, title = _paths(args)
     assert store_path.name == "store.db" and out_dir is not None and results_json is not None
     assert "combine-seed0" in title
-    view = demo_view(load_demo_result(results_json, "combine-seed0"))
+    result = load_demo_result(results_json, "combine-seed0")
+    view = demo_view(result)
     assert view["method"] == "combine" and [e["step"] for e in view["evaluations"]] == [0, 1, 2]
-    assert all(len(e["ci"]) == 2 and e["checks"] for e in view["evaluations"])
-    assert len(view["examples"]) <= 2 and view["agreement"]["compared"] >= 0
+    for e in view["evaluations"]:
+        assert len(e["ci"]) == 2 and e["checks"]
+        for c in e["checks"].values():
+            low, high = c["ci"]
+            assert low <= c["rate"] <= high
+    assert len(view["examples"]) == 2 and {"before", "after"} <= set(view["examples"][0])
+    assert result["agreement"]["compared"] > 0
     with Store(store_path) as store:
         source = DashboardSource(store, output_dir=out_dir, read_only=True,
                                  demo=lambda: view)  # fmt: skip

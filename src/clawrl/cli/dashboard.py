@@ -2,7 +2,8 @@
 
 ``clawrl serve`` and ``clawrl demo`` already serve it at ``/dashboard`` on their own port; this
 command is for a finished run (``--demo demo-report``) or a store another process is writing
-(``--store clawrl.db --output-dir runs/online``). It never writes to the store.
+(``--store clawrl.db --output-dir runs/online``). The store is opened read-only
+(``Store(read_only=True)``: nothing is created or migrated, every write fails).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from clawrl.errors import ConfigError
+from clawrl.errors import ConfigError, StoreError
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -30,8 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--store", help="SQLite trajectory store (default clawrl.db)")
     p.add_argument(
         "--output-dir",
-        help="the trainer's output directory (metrics.jsonl, policies/); default runs/online "
-        "when it exists",
+        help="the trainer's output directory (metrics.jsonl, policies/); default: runs/online "
+        "when --store is left at its default and that directory exists, else no curves",
     )
     p.add_argument(
         "--demo",
@@ -55,6 +56,11 @@ def _paths(args: argparse.Namespace) -> tuple[Path, Path | None, Path | None, st
     Raises:
         ConfigError: a path that does not exist, or a demo directory without runs.
     """
+    if args.demo and (args.store or args.output_dir):
+        raise ConfigError("--demo DIR names the store and the output directory: leave out "
+                          "--store and --output-dir, or leave out --demo")  # fmt: skip
+    if args.run and not args.demo:
+        raise ConfigError("--run picks a run of --demo DIR; pass --demo too")
     if args.demo:
         root = Path(args.demo)
         runs = sorted(p for p in (root / "runs").glob("*") if (p / "store.db").is_file())
@@ -71,10 +77,16 @@ def _paths(args: argparse.Namespace) -> tuple[Path, Path | None, Path | None, st
     store = Path(args.store or "clawrl.db")
     if not store.is_file():
         raise ConfigError(f"no store at {store}: pass --store FILE (or --demo DIR)")
-    out = Path(args.output_dir) if args.output_dir else Path("runs/online")
-    if args.output_dir and not out.is_dir():
-        raise ConfigError(f"no trainer output directory at {out}")
-    return store, out if out.is_dir() else None, None, f"store {store.name}"
+    if args.output_dir:
+        given = Path(args.output_dir)
+        if not given.is_dir():
+            raise ConfigError(f"no trainer output directory at {given}")
+        out: Path | None = given
+    else:
+        # clawrl serve's default output directory, but only beside the default store: a store
+        # named elsewhere must not be drawn with another run's curves
+        out = Path("runs/online") if args.store is None and Path("runs/online").is_dir() else None
+    return store, out, None, f"store {store.name}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -92,13 +104,19 @@ def run(args: argparse.Namespace) -> int:
     api_key = resolve_api_key(args.api_key, None)
     check_bind(args.host, api_key)
     sock = bind_socket(args.host, args.port)
-    store = Store(store_path)
+    store = Store(store_path, read_only=True)
     try:
         source = DashboardSource(store, output_dir=output_dir, title=title, read_only=True)
         if results is not None:
-            result = load_demo_result(results, args.run)
+            # the same run as the store: runs/<METHOD-seedN>/store.db
+            try:
+                result = load_demo_result(results, store_path.parent.name)
+            except StoreError as exc:  # an interrupted demo: its store, without evaluations
+                print(f"clawrl dashboard: no evaluations shown: {exc}")
+                result = None
             if result is not None:
                 source.demo = lambda: demo_view(result)
+                source.agreement = lambda: result.get("agreement")
         app = FastAPI(title="clawrl dashboard", docs_url=None, redoc_url=None)
         install_error_handlers(app)
         mount_dashboard(app, source)

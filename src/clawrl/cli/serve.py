@@ -65,6 +65,12 @@ PROTOCOL_NAMES = {
 }
 
 
+def _printable(text: str) -> str:
+    """``text`` with control, bidi and other unprintable characters as ``\\uXXXX`` escapes, so
+    that a client's id cannot rewrite the console line."""
+    return "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in text)
+
+
 def request_line(turns: list[TurnRecord]) -> str:
     """One console line for a request's recorded turns (one per choice), e.g.
     ``19:04:11 chat session 3f2a1b2c turn 9e8d7c6b 412+37 tokens 1.84 s v3 ok stop``."""
@@ -78,9 +84,10 @@ def request_line(turns: list[TurnRecord]) -> str:
     statuses = ",".join(sorted({t.status.value for t in turns}))
     finish = ",".join(sorted({t.finish_reason or "-" for t in turns}))
     untrainable = sorted({t.untrainable_reason for t in turns if t.untrainable_reason})
-    why = f" ({','.join(untrainable)})" if untrainable else ""
+    why = f" ({_printable(','.join(untrainable))})" if untrainable else ""
     return (
-        f"{when} {api}{kind} session {first.session_id[:8]} turn {first.id[:8]}{choices} "
+        f"{when} {api}{_printable(kind)} session {_printable(first.session_id[:8])} "
+        f"turn {first.id[:8]}{choices} "
         f"{len(first.prompt_ids)}+{completion} tokens {latency:.2f} s v{first.policy_version} "
         f"{statuses} {finish}{why}"
     )

@@ -11,6 +11,8 @@ same way, from its files. Nothing here writes.
 from __future__ import annotations
 
 import json
+import math
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -19,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from clawrl.errors import StoreError
-from clawrl.store import JudgmentRecord, SampleRecord, Store, TurnRecord
+from clawrl.store import JudgmentRecord, SampleRecord, Store, TurnRecord, UntrainableReason
 from clawrl.store.learning import DROP_EXPLANATIONS, SampleStatus
 from clawrl.trajectory.next_state import next_state
 from clawrl.trajectory.tree import SessionTree, load_tree
@@ -31,8 +33,18 @@ TEXT_LIMIT = 4000
 """Characters of one message, completion or next state sent to the browser (the rest is cut,
 with a note)."""
 
-SESSION_SCAN = 2000
-"""Newest sessions the sessions page searches."""
+PAGE_SIZE_MAX = 500
+"""Most sessions one page of the sessions list holds."""
+
+CACHE_S = 1.0
+"""Seconds a view is reused: any number of open tabs costs the store one query set per view
+per second."""
+
+CACHE_ENTRIES = 64
+"""Most views kept at once (expired ones are dropped first, then the oldest)."""
+
+MAX_POINTS = 500
+"""Points per curve sent to the browser (longer runs are thinned evenly, the last step kept)."""
 
 CURVES = {
     "loss": "loss",
@@ -45,15 +57,35 @@ CURVES = {
 }
 """metrics.jsonl keys drawn as curves on the training page, with their titles."""
 
-UNTRAINABLE_WORDS = {
-    "side_call": "a side call (title, compaction, memory): data, never loss",
-    "incomplete": "the client disconnected before the answer finished",
-    "error": "the engine failed or the prompt did not fit",
-    "evaluation": "an evaluation request (greedy, never trained)",
-    "truncated_sampling": "sampled with top-k / top-p: its log-probs are of another distribution",
-    "unclosed_reasoning": "stopped inside an unclosed <think>",
+UNTRAINABLE_WORDS: dict[str, str] = {
+    UntrainableReason.INCOMPLETE: "the client disconnected before the answer finished",
+    UntrainableReason.ERROR: "the engine failed or the prompt did not fit",
+    UntrainableReason.PENDING: "generation never finished (the server stopped mid-answer)",
+    UntrainableReason.STOP_STRING_MISMATCH: "a stop string cut the text in the middle of a token",
+    UntrainableReason.NO_TOKEN_IDS: "the engine gave text without token ids",
+    UntrainableReason.NO_COMPLETION: "no token was sampled",
+    UntrainableReason.LOGPROBS_MISMATCH: "log-probs and sampled ids differ in length",
+    UntrainableReason.MARKED_UNTRAINABLE: "recorded as untrainable without a reason",
+    UntrainableReason.EVAL: "an evaluation request (greedy, measured, never trained)",
+    UntrainableReason.TRUNCATED_SAMPLING: "sampled with top-k / top-p: its log-probs are of "
+    "another distribution than the one trained",
+    UntrainableReason.UNCLOSED_REASONING: "stopped inside an unclosed <think>",
+    UntrainableReason.SIDE_CALL: "a side call (title, compaction, memory): data, never loss",
 }
-"""Words for the common untrainable reasons (others are shown as stored)."""
+"""Every :class:`UntrainableReason` in words (a reason written by other code is shown as stored)."""
+
+
+def _finite(row: dict[str, Any]) -> dict[str, Any]:
+    """A metrics row with non-finite numbers as ``None`` (JSON has no NaN)."""
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
+
+
+def thin(points: list[list[Any]], most: int = MAX_POINTS) -> list[list[Any]]:
+    """At most ``most`` of ``points``, evenly spaced, the first and the last kept."""
+    if len(points) <= most:
+        return points
+    stride = (len(points) - 1) / (most - 1)
+    return [points[round(i * stride)] for i in range(most)]
 
 
 def _cut(text: str | None, limit: int = TEXT_LIMIT) -> str:
@@ -64,8 +96,23 @@ def _cut(text: str | None, limit: int = TEXT_LIMIT) -> str:
     return text[:limit] + f"\n[... {len(text) - limit} more characters]"
 
 
-def message_text(message: dict[str, Any]) -> str:
-    """A chat message's visible text: string content, text parts, tool calls and results."""
+def _call_text(call: Any) -> str:
+    """``→ name(arguments)`` of one tool call (OpenAI ``function`` shape or flat), arguments
+    as JSON; anything else as its JSON text."""
+    fn = call.get("function", call) if isinstance(call, dict) else None
+    if not isinstance(fn, dict):
+        return "→ " + _cut(json.dumps(call, ensure_ascii=False, default=str), 500)
+    args = fn.get("arguments", "")
+    if not isinstance(args, str):
+        args = json.dumps(args, ensure_ascii=False, default=str)
+    return f"→ {fn.get('name', '?')}({_cut(args, 500)})"
+
+
+def message_text(message: Any) -> str:
+    """A chat message's visible text: string content, text parts, tool calls and results (a
+    malformed message, e.g. from a store written by other code, is shown as its JSON)."""
+    if not isinstance(message, dict):
+        return json.dumps(message, ensure_ascii=False, default=str)
     content = message.get("content")
     parts: list[str] = []
     if isinstance(content, str):
@@ -73,35 +120,34 @@ def message_text(message: dict[str, Any]) -> str:
     elif isinstance(content, list):
         for part in content:
             if not isinstance(part, dict):
-                continue
-            if isinstance(part.get("text"), str):
+                parts.append(json.dumps(part, ensure_ascii=False, default=str))
+            elif isinstance(part.get("text"), str):
                 parts.append(part["text"])
             elif part.get("type") in ("tool_result", "function_call_output"):
                 inner = part.get("content", part.get("output"))
-                parts.append(inner if isinstance(inner, str) else json.dumps(inner))
+                parts.append(inner if isinstance(inner, str) else json.dumps(inner, default=str))
+            elif part.get("type") == "tool_use":
+                parts.append(_call_text({"name": part.get("name"), "arguments": part.get("input")}))
             elif part.get("type"):
                 parts.append(f"[{part['type']}]")
-    for call in message.get("tool_calls") or []:
-        fn = call.get("function", call) if isinstance(call, dict) else {}
-        parts.append(f"→ {fn.get('name', '?')}({_cut(str(fn.get('arguments', '')), 500)})")
+    calls = message.get("tool_calls")
+    for call in calls if isinstance(calls, list) else []:
+        parts.append(_call_text(call))
     return "\n".join(p for p in parts if p)
 
 
-def _message(message: dict[str, Any]) -> dict[str, str]:
-    return {"role": str(message.get("role", "?")), "text": _cut(message_text(message))}
+def _message(message: Any) -> dict[str, str]:
+    role = message.get("role", "?") if isinstance(message, dict) else "?"
+    return {"role": str(role), "text": _cut(message_text(message))}
 
 
 def _output(turn: TurnRecord) -> dict[str, Any]:
-    out = turn.output or {}
-    calls = [
-        f"{c.get('function', c).get('name', '?')}({_cut(str(c.get('function', c).get('arguments', '')), 500)})"
-        for c in out.get("tool_calls") or []
-        if isinstance(c, dict)
-    ]
+    out = turn.output if isinstance(turn.output, dict) else {}
+    calls = out.get("tool_calls")
     return {
         "content": _cut(out.get("content") if isinstance(out.get("content"), str) else ""),
         "reasoning": _cut(out.get("reasoning") if isinstance(out.get("reasoning"), str) else ""),
-        "tool_calls": calls,
+        "tool_calls": [_call_text(c)[2:] for c in (calls if isinstance(calls, list) else [])],
     }
 
 
@@ -133,8 +179,13 @@ def _judgment(j: JudgmentRecord | None) -> dict[str, Any] | None:
     }
 
 
-def _training(
-    node_trainable: bool, reason: str | None, sample: SampleRecord | None, judged: bool
+def _training_state(
+    node_trainable: bool,
+    reason: str | None,
+    sample: SampleRecord | None,
+    judged: bool,
+    judging: bool = True,
+    has_next_state: bool = False,
 ) -> dict[str, Any]:
     """Whether a turn was trained, and why not, in words."""
     if sample is not None and sample.status == SampleStatus.TRAINED:
@@ -160,7 +211,15 @@ def _training(
         }
     if judged:
         return {"state": "ready", "text": "judged; no training decision yet"}
-    return {"state": "waiting", "text": "waiting for its next state and the judge"}
+    if not judging:
+        return {
+            "state": "recorded",
+            "text": "recorded, not judged: no judge runs here (clawrl serve --method rl|opd|"
+            "combine judges and trains)",
+        }
+    if has_next_state:
+        return {"state": "waiting", "text": "has its next state; waiting for the judge"}
+    return {"state": "waiting", "text": "waiting for its next state (the reply to it)"}
 
 
 def _scored(counts: dict[str, int]) -> int:
@@ -179,10 +238,15 @@ class DashboardSource:
         status: the live online loop's counters (``OnlineService.status``), or ``None``.
         policy_version: the version the engine serves now, or ``None`` (then the last
             published version in ``metrics.jsonl``).
-        demo: the demo's live view (evaluations, judge agreement; see
-            :func:`demo_view`), or ``None``.
+        demo: the demo's live view (evaluations and examples, :func:`demo_view`), or ``None``.
+        agreement: the judge's agreement with the simulated user's ground truth
+            (:meth:`clawrl.envs.agreement.Agreement.to_dict`), where a scenario knows it.
+        judging: whether a judge scores this store's turns (``clawrl serve`` without a
+            training method records only: no backlog, no "waiting for the judge").
         title: shown in the page header (model and method).
         read_only: a dashboard over a finished run or a store in use by another process.
+        started_at: when the server started (seconds since the epoch): a live server's
+            request rate is averaged over its uptime until it has a full window.
     """
 
     store: Store
@@ -190,32 +254,72 @@ class DashboardSource:
     status: Callable[[], Any] | None = None
     policy_version: Callable[[], int] | None = None
     demo: Callable[[], dict[str, Any] | None] | None = None
+    agreement: Callable[[], dict[str, Any] | None] | None = None
+    judging: bool = True
     title: str = "clawrl"
     read_only: bool = False
     started_at: float = field(default_factory=time.time)
+    _cache: dict[str, tuple[float, Any]] = field(default_factory=dict, repr=False)
+    _metrics: tuple[int, list[dict[str, Any]]] = field(default=(0, []), repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     # -- helpers -----------------------------------------------------------------------------
 
+    def cached(self, key: str, build: Callable[[], Any]) -> Any:
+        """``build()``, reused for :data:`CACHE_S` seconds under ``key``."""
+        now = time.monotonic()
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None and now - hit[0] < CACHE_S:
+                return hit[1]
+        value = build()
+        with self._lock:
+            for old in [k for k, (t, _) in self._cache.items() if now - t >= CACHE_S]:
+                del self._cache[old]
+            while len(self._cache) >= CACHE_ENTRIES:
+                del self._cache[min(self._cache, key=lambda k: self._cache[k][0])]
+            self._cache[key] = (now, value)
+        return value
+
     def metrics(self) -> list[dict[str, Any]]:
-        """The trainer's per-step rows (``[]`` without an output directory)."""
+        """The trainer's per-step rows, read incrementally as ``metrics.jsonl`` grows (``[]``
+        without an output directory). Rows without a ``step`` and a partly written last line
+        are skipped; non-finite values become ``None``."""
         if self.output_dir is None:
             return []
         path = self.output_dir / "metrics.jsonl"
-        if not path.is_file():
+        try:
+            size = path.stat().st_size
+        except OSError:
             return []
-        rows = []
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a line being written right now
-        return rows
+        with self._lock:
+            offset, rows = self._metrics
+            if size < offset:  # the file was replaced: read it again
+                offset, rows = 0, []
+            if size > offset:
+                with path.open("rb") as f:
+                    f.seek(offset)
+                    chunk = f.read(size - offset)
+                end = chunk.rfind(b"\n") + 1  # only whole lines; the rest is being written
+                rows = list(rows)
+                for line in chunk[:end].splitlines():
+                    try:
+                        row = json.loads(line)
+                    except (json.JSONDecodeError, UnicodeDecodeError):
+                        continue
+                    if isinstance(row, dict) and isinstance(row.get("step"), (int, float)):
+                        rows.append(_finite(row))
+                self._metrics = (offset + end, rows)
+            return rows
 
     # -- views -------------------------------------------------------------------------------
 
     def overview(self) -> dict[str, Any]:
         """Policy version and its history, traffic rates, judge backlog, samples ready, drops
         (with words), the training step and the last step's metrics."""
+        return dict(self.cached("overview", self._overview))
+
+    def _overview(self) -> dict[str, Any]:
         now = time.time()
         # a live server averages over its own uptime until it has a full window
         window = (
@@ -226,7 +330,7 @@ class DashboardSource:
         counts = self.store.sample_counts()
         rows = self.metrics()
         versions = [
-            {"version": int(r["policy/version"]), "step": int(r["step"]), "time": r["time"]}
+            {"version": int(r["policy/version"]), "step": int(r["step"]), "time": r.get("time")}
             for r in rows
             if r.get("policy/version") is not None
         ]
@@ -253,11 +357,12 @@ class DashboardSource:
             "policy_version": version,
             "versions": versions[-50:],
             "rate_window_s": window,
-            "requests_per_s": act["turns"] / window,
+            "requests_per_s": act["requests"] / window,
             "tokens_per_s": act["completion_tokens"] / window,
             "sessions": int(act["sessions_total"]),
             "turns": int(act["turns_total"]),
-            "judge_backlog": backlog["unjudged"],
+            "judging": self.judging,
+            "judge_backlog": backlog["unjudged"] if self.judging else None,
             "judged": _scored(self.store.judgment_counts()),
             "samples_ready": live.ready if live is not None else backlog["ready"],
             "trained": counts.get("trained", 0),
@@ -268,20 +373,24 @@ class DashboardSource:
         }
 
     def sessions(self, query: str = "", limit: int = 100, offset: int = 0) -> dict[str, Any]:
-        """Sessions, newest first, whose id, client, harness or attribution contains ``query``
-        (case-insensitive; the newest :data:`SESSION_SCAN` are searched)."""
-        q = query.strip().lower()
-        limit = max(1, min(int(limit), 500))
-        offset = max(0, int(offset))
-        if q:
-            pool = self.store.list_sessions(limit=SESSION_SCAN)
-        else:
-            pool = self.store.list_sessions(limit=limit, offset=offset)
+        """One page of sessions, newest first, whose id, client, harness (metadata) or
+        attribution contains ``query`` (case-insensitive), with the total that match.
+
+        Raises:
+            ValueError: ``limit`` outside 1..:data:`PAGE_SIZE_MAX` or a negative ``offset``.
+        """
+        if not 1 <= limit <= PAGE_SIZE_MAX or offset < 0:
+            raise ValueError(f"limit must be 1..{PAGE_SIZE_MAX} and offset >= 0")
+        q = query.strip()
+        return dict(self.cached(f"sessions:{q}:{limit}:{offset}",
+                                lambda: self._sessions(q, limit, offset)))  # fmt: skip
+
+    def _sessions(self, q: str, limit: int, offset: int) -> dict[str, Any]:
         rows = []
-        for s in pool:
+        for s in self.store.list_sessions(limit=limit, offset=offset, query=q or None):
             rec = s.session
             harness = rec.metadata.get("harness") if isinstance(rec.metadata, dict) else None
-            row = {
+            rows.append({
                 "id": rec.id,
                 "client": rec.client or "",
                 "harness": str(harness or ""),
@@ -294,13 +403,9 @@ class DashboardSource:
                 "created_at": rec.created_at,
                 "last_activity": s.last_turn_at or rec.created_at,
                 "ended": rec.ended_at is not None,
-            }
-            hay = " ".join(str(row[k]) for k in ("id", "client", "harness", "attribution"))
-            if not q or q in hay.lower():
-                rows.append(row)
-        if q:
-            rows = rows[offset : offset + limit]
-        return {"query": query, "offset": offset, "sessions": rows}
+            })  # fmt: skip
+        total = self.store.count_sessions(q or None)
+        return {"query": q, "offset": offset, "limit": limit, "total": total, "sessions": rows}
 
     def session(self, session_id: str) -> dict[str, Any]:
         """One session as its prefix tree: per turn its new messages, completion, version, next
@@ -309,6 +414,9 @@ class DashboardSource:
         Raises:
             StoreError: unknown session.
         """
+        return dict(self.cached(f"session:{session_id}", lambda: self._session(session_id)))
+
+    def _session(self, session_id: str) -> dict[str, Any]:
         tree: SessionTree = load_tree(self.store, session_id)
         rec = self.store.get_session(session_id)
         if rec is None:  # pragma: no cover - load_tree raised already
@@ -341,6 +449,11 @@ class DashboardSource:
                         "prompt_tokens": len(turn.prompt_ids),
                         "completion_tokens": len(turn.completion_ids),
                         "latency_s": turn.latency_s,
+                        "error": None
+                        if turn.error_kind is None and turn.error_message is None
+                        else _cut(
+                            f"{turn.error_kind or 'error'}: {turn.error_message or ''}", 2000
+                        ),
                         "created_at": turn.created_at,
                         "attribution": turn.client.get("attribution"),
                         "messages": new,
@@ -358,13 +471,15 @@ class DashboardSource:
                             "note": state.note,
                         },
                         "judgment": _judgment(j),
-                        "training": _training(
+                        "training": _training_state(
                             node.trainable,
                             None
                             if node.untrainable_reason is None
                             else str(node.untrainable_reason),
                             samples.get(tid),
                             j is not None,
+                            self.judging,
+                            state is not None,
                         ),
                     }
                 )
@@ -381,25 +496,35 @@ class DashboardSource:
         }
 
     def training(self) -> dict[str, Any]:
-        """Per-step curves (:data:`CURVES`) and, in the demo, its evaluations."""
+        """Per-step curves (:data:`CURVES`, thinned to :data:`MAX_POINTS`) and, in the demo,
+        its evaluations."""
+        return dict(self.cached("training", self._training))
+
+    def _training(self) -> dict[str, Any]:
         rows = self.metrics()
         curves = {
             key: {
                 "title": title,
-                "points": [[int(r["step"]), r[key]] for r in rows if r.get(key) is not None],
+                "points": thin([[int(r["step"]), r[key]] for r in rows if r.get(key) is not None]),
             }
             for key, title in CURVES.items()
         }
+        tensorboard = None if self.output_dir is None else self.output_dir / "tensorboard"
         return {
             "steps": len(rows),
             "curves": curves,
             "output_dir": None if self.output_dir is None else str(self.output_dir),
+            "tensorboard": str(tensorboard) if tensorboard and tensorboard.is_dir() else None,
             "demo": self.demo() if self.demo is not None else None,
         }
 
     def judge(self) -> dict[str, Any]:
-        """Score distribution, abstentions by reason (the judgment's and each vote's), hint
-        rate, latency and, where the scenario knows the truth, the agreement with it."""
+        """Score distribution, abstentions by reason (the judgment's and each vote's), turns
+        never sent to the judge, hint rate, latency and, where the scenario knows the truth,
+        the agreement with it."""
+        return dict(self.cached("judge", self._judge))
+
+    def _judge(self) -> dict[str, Any]:
         counts = self.store.judgment_counts()
         recent = self.store.recent_judgments(500)
         votes: Counter[str] = Counter()
@@ -409,23 +534,24 @@ class DashboardSource:
                 vote_total += 1
                 if v.get("abstain"):
                     votes[str(v["abstain"])] += 1
-        latencies = sorted(j.latency_s for j in recent if j.latency_s is not None)
+        real = [j for j in recent if j.backend != "worker"]
+        latencies = sorted(j.latency_s for j in real if j.latency_s is not None)
         judged = _scored(counts)
-        demo = self.demo() if self.demo is not None else None
         return {
             "judged": judged,
-            "distribution": {
-                k: v for k, v in counts.items() if not k.startswith("none/") and k != "hinted"
-            },
+            "distribution": {k: counts[k] for k in ("+1", "-1", "0") if k in counts},
             "no_judgment": {
                 k.split("/", 1)[1]: v for k, v in counts.items() if k.startswith("none/")
+            },
+            "skipped": {
+                k.split("/", 1)[1]: v for k, v in counts.items() if k.startswith("skipped/")
             },
             "hinted": counts.get("hinted", 0),
             "vote_abstentions": dict(votes.most_common()),
             "votes_seen": vote_total,
             "latency_p50_s": latencies[len(latencies) // 2] if latencies else None,
-            "backends": sorted({j.backend for j in recent}),
-            "agreement": None if demo is None else demo.get("agreement"),
+            "backends": sorted({j.backend for j in real}),
+            "agreement": self.agreement() if self.agreement is not None else None,
             "recent": [
                 {
                     "turn_id": j.turn_id,
@@ -440,26 +566,30 @@ class DashboardSource:
         }
 
 
-def demo_view(result: Any, agreement: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
+def demo_view(result: Any) -> dict[str, Any]:
     """The demo's part of the dashboard from a :class:`clawrl.demo.runner.MethodResult` (live
-    or loaded from ``results.json``): per evaluated step the score with its interval, the
-    per-check pass rates, and two answers before and after."""
+    or loaded from ``results.json``): per evaluated step the score with its 95 % interval, each
+    check's pass rate with its bootstrap interval over the held-out problems, and the two
+    held-out answers that improved most, before and after."""
+    from clawrl.demo.stats import bootstrap_ci
 
     def get(obj: Any, key: str, default: Any = None) -> Any:
         return obj.get(key, default) if isinstance(obj, dict) else getattr(obj, key, default)
 
     evaluations = sorted((get(result, "evaluations") or {}).items(), key=lambda kv: int(kv[0]))
+    seed = int(get(result, "seed") or 0)
     steps = []
     for step, ev in evaluations:
-        steps.append(
-            {
-                "step": int(step),
-                "version": get(ev, "version"),
-                "score": get(ev, "score"),
-                "ci": list(get(ev, "ci") or []),
-                "checks": dict(get(ev, "check_rates") or {}),
-            }
-        )
+        per_item = get(ev, "checks") or []
+        checks = {}
+        for name, rate in (get(ev, "check_rates") or {}).items():
+            flags = [1.0 if item.get(name) else 0.0 for item in per_item if name in item]
+            ci = list(bootstrap_ci(flags, seed=seed)) if flags else []
+            checks[name] = {"rate": rate, "ci": ci}
+        steps.append({
+            "step": int(step), "version": get(ev, "version"), "score": get(ev, "score"),
+            "ci": list(get(ev, "ci") or []), "checks": checks,
+        })  # fmt: skip
     examples = []
     questions = list(get(result, "questions") or [])
     if len(evaluations) >= 2:
@@ -469,21 +599,15 @@ def demo_view(result: Any, agreement: Callable[[], dict[str, Any]] | None = None
         order = sorted(range(min(len(sb), len(sa))), key=lambda i: sa[i] - sb[i], reverse=True)
         for i in order[:2]:
             if i < len(questions) and i < len(before) and i < len(after):
-                examples.append(
-                    {
-                        "question": questions[i],
-                        "before": _cut(before[i], 1500),
-                        "after": _cut(after[i], 1500),
-                        "score_before": sb[i],
-                        "score_after": sa[i],
-                    }
-                )
+                examples.append({
+                    "question": questions[i], "before": _cut(before[i], 1500),
+                    "after": _cut(after[i], 1500), "score_before": sb[i], "score_after": sa[i],
+                })  # fmt: skip
     return {
         "method": get(result, "method"),
-        "seed": get(result, "seed"),
+        "seed": seed,
         "evaluations": steps,
         "examples": examples,
-        "agreement": agreement() if agreement is not None else get(result, "agreement"),
     }
 
 

@@ -5,11 +5,11 @@ route                                       serves
 ==========================================  ===================================================
 ``GET /dashboard``                          overview: policy version, traffic, backlog, drops
 ``GET /dashboard/sessions``                 searchable session list
-``GET /dashboard/sessions/{id}``            one session's prefix tree, judgments, training
+``GET /dashboard/session?id=ID``            one session's prefix tree, judgments, training
 ``GET /dashboard/training``                 live curves (and the demo's evaluations)
 ``GET /dashboard/judge``                    score distribution, abstentions, agreement
 ``GET /dashboard/api/{overview,sessions,``  the JSON each page polls every
-``training,judge}``, ``/api/sessions/{id}`` :data:`POLL_MS` milliseconds
+``training,judge}``, ``/api/session?id=ID`` :data:`POLL_MS` milliseconds
 ``GET /dashboard/static/{file}``            ``app.js``, ``style.css`` (shipped in the package)
 ==========================================  ===================================================
 
@@ -25,11 +25,12 @@ import html
 from importlib import resources
 from typing import Any
 
+import anyio
 import anyio.to_thread
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
-from clawrl.dashboard.data import DashboardSource
+from clawrl.dashboard.data import PAGE_SIZE_MAX, DashboardSource
 from clawrl.errors import ClientInputError, StoreError
 
 PREFIX = "/dashboard"
@@ -88,9 +89,14 @@ for _key, (_path, _title) in PAGES.items():
     router.add_api_route(_path, _page(_key), methods=["GET"], response_class=HTMLResponse)
 
 
-@router.get("/sessions/{session_id}", response_class=HTMLResponse)
-async def session_page(session_id: str, request: Request) -> HTMLResponse:
-    """One session's page."""
+SESSION_ID = Query(..., alias="id", min_length=1, max_length=4096)
+"""A session id as a query parameter: ids may hold ``/``, or be ``.`` / ``..``, which a path
+segment cannot carry through a browser."""
+
+
+@router.get("/session", response_class=HTMLResponse)
+async def session_page(request: Request, session_id: str = SESSION_ID) -> HTMLResponse:
+    """One session's page (``?id=SESSION_ID``)."""
     return HTMLResponse(_shell("session", _source(request), {"session": session_id}))
 
 
@@ -103,8 +109,18 @@ async def static(name: str) -> Response:
     return Response(body, media_type=STATIC[name], headers={"Cache-Control": "no-cache"})
 
 
+READERS = 2
+"""Dashboard reads in flight at once (their own worker threads: a page open in many tabs never
+takes the gateway's threads for recording turns)."""
+
+_limiter: anyio.CapacityLimiter | None = None
+
+
 async def _json(fn: Any, *args: Any) -> JSONResponse:
-    data = await anyio.to_thread.run_sync(fn, *args)
+    global _limiter
+    if _limiter is None:
+        _limiter = anyio.CapacityLimiter(READERS)
+    data = await anyio.to_thread.run_sync(fn, *args, limiter=_limiter)
     return JSONResponse(data, headers={"Cache-Control": "no-store"})
 
 
@@ -116,16 +132,19 @@ async def api_overview(request: Request) -> JSONResponse:
 
 @router.get("/api/sessions")
 async def api_sessions(
-    request: Request, q: str = "", limit: int = 100, offset: int = 0
+    request: Request,
+    q: str = Query("", max_length=500),
+    limit: int = Query(100, ge=1, le=PAGE_SIZE_MAX),
+    offset: int = Query(0, ge=0, le=2**62),
 ) -> JSONResponse:
-    """:meth:`DashboardSource.sessions` (``q``: search text)."""
-    if len(q) > 500:
-        raise ClientInputError("the search text is longer than 500 characters", param="q")
+    """:meth:`DashboardSource.sessions` (``q``: search text; a bad value is a 400 naming it)."""
+    if "\x00" in q:
+        raise ClientInputError("the search text 'q' must not contain NUL characters", param="q")
     return await _json(_source(request).sessions, q, limit, offset)
 
 
-@router.get("/api/sessions/{session_id}")
-async def api_session(session_id: str, request: Request) -> JSONResponse:
+@router.get("/api/session")
+async def api_session(request: Request, session_id: str = SESSION_ID) -> JSONResponse:
     """:meth:`DashboardSource.session`.
 
     Raises:
@@ -138,7 +157,7 @@ async def api_session(session_id: str, request: Request) -> JSONResponse:
             raise ClientInputError(
                 f"session {session_id!r} does not exist",
                 status=404,
-                param="session_id",
+                param="id",
                 code="session_not_found",
             )
         try:

@@ -255,10 +255,11 @@ def run_method(
         from clawrl.dashboard import demo_view
 
         def agreement() -> dict[str, Any]:
-            scores = {j.turn_id: j.score for j in runtime.store.iter_judgments()}
+            scores = runtime.store.judgment_scores()
             return judge_agreement(list(logs), scores).to_dict()
 
-        runtime.dashboard.demo = lambda: demo_view(result, agreement)
+        runtime.dashboard.demo = lambda: demo_view(result)
+        runtime.dashboard.agreement = agreement
         runtime.dashboard.title = f"demo {spec.name} · {method}-seed{seed}"
         progress("server", {"method": method, "seed": seed, "url": f"{server.url}/dashboard"})
     train_problems = list(split.train)

@@ -37,9 +37,10 @@ def presented_key(request: Request, *, basic: bool = False) -> str | None:
             try:
                 decoded = base64.b64decode(value.strip(), validate=True).decode("utf-8")
             except (ValueError, UnicodeDecodeError):
-                return None
+                decoded = ""  # malformed: an x-api-key header may still carry the key
             password = decoded.partition(":")[2]
-            return password or None
+            if password:
+                return password
     key = request.headers.get("x-api-key")
     return key.strip() if key and key.strip() else None
 

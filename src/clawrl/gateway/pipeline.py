@@ -63,7 +63,13 @@ from clawrl.gateway.decode import visible_text
 from clawrl.gateway.disconnect import until_disconnected
 from clawrl.gateway.errors import error_kind
 from clawrl.gateway.prepare import PreparedCall, prepare_messages
-from clawrl.gateway.recorder import CallContext, ChoiceResult, record_choices
+from clawrl.gateway.recorder import (
+    CallContext,
+    ChoiceResult,
+    build_turn,
+    notify_listeners,
+    record_choices,
+)
 from clawrl.gateway.state import GatewayState
 from clawrl.store import ApiProtocol, TurnStatus, UntrainableReason
 
@@ -313,10 +319,11 @@ async def record_failure(
     exc: BaseException,
     *,
     siblings: Sequence[ChoiceResult] = (),
+    notify: bool = True,
 ) -> None:
     """Record ``failed`` as error turns (their tokens so far kept; never trainable) and
     ``siblings`` — choices the client will not receive because the call failed — as
-    incomplete."""
+    incomplete (``notify``: tell the turn listeners, :func:`recorder.record_choices`)."""
     kind = error_kind(exc)
     for c in failed:
         c.status = TurnStatus.ERROR
@@ -326,7 +333,7 @@ async def record_failure(
         c.policy_version = c.policy_version or gw.engine.policy_version
     for c in siblings:
         c.status, c.finish_reason = TurnStatus.INCOMPLETE, "aborted"
-    await record_choices(gw, ctx, [*failed, *siblings])
+    await record_choices(gw, ctx, [*failed, *siblings], notify=notify)
 
 
 def renamed(parsed: ParsedCompletion, rename: RenameCall) -> ParsedCompletion:
@@ -464,6 +471,7 @@ class CallStream:
         self._tasks: list[asyncio.Task[None]] = []
         self._first: _Item | None = None
         self._closed = False
+        self._notified = False
 
     @property
     def results(self) -> list[ChoiceResult]:
@@ -534,6 +542,7 @@ class CallStream:
                 done=ch.finished,
             )  # fmt: skip
             if all(c.finished for c in self._choices):
+                self._notify()
                 return
             item = await self._queue.get()
 
@@ -546,19 +555,28 @@ class CallStream:
         for c in (ch, *siblings):
             c.recorded = True
         await record_failure(
-            self.gw, self.call.ctx, [ch.result], exc, siblings=[c.result for c in siblings]
-        )
+            self.gw, self.call.ctx, [ch.result], exc, siblings=[c.result for c in siblings],
+            notify=False,
+        )  # fmt: skip
         # Choices recorded as finished before this failure: the stream now ends with an error,
         # which clients treat as a failed call, so they are no trainable answers either.
         for c in done:
             c.result.status, c.result.finish_reason = TurnStatus.INCOMPLETE, "aborted"
         if done:
             await anyio.to_thread.run_sync(_mark_incomplete, self.gw, [c.result for c in done])
+        self._notify()
 
     async def _record(self, choices: list[StreamedChoice]) -> None:
         for c in choices:
             c.recorded = True
-        await record_choices(self.gw, self.call.ctx, [c.result for c in choices])
+        await record_choices(self.gw, self.call.ctx, [c.result for c in choices], notify=False)
+
+    def _notify(self) -> None:
+        """Tell the turn listeners once about every choice of the call, as it ended."""
+        if self._notified or not self.gw.turn_listeners:
+            return
+        self._notified = True
+        notify_listeners(self.gw, [build_turn(self.call.ctx, c.result) for c in self._choices])
 
     async def aclose(self) -> None:
         """Stop generating; record every choice not recorded yet as incomplete (idempotent)."""
@@ -579,6 +597,8 @@ class CallStream:
         except StoreError as e:  # the response has started: log it, never mask a cancellation
             log.error("could not record %d aborted stream choice(s): %s", len(pending), e)
             self.gw.metrics.inc("clawrl_gateway_errors_total", kind="store")
+        else:
+            self._notify()
 
 
 def _mark_incomplete(gw: GatewayState, results: list[ChoiceResult]) -> None:

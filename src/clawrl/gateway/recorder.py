@@ -218,12 +218,22 @@ def _write(store: Store, turns: list[TurnRecord]) -> None:
         store.record_turn(turn)
 
 
+def notify_listeners(gw: GatewayState, turns: list[TurnRecord]) -> None:
+    """Tell :attr:`GatewayState.turn_listeners` about one call's turns (a console line per
+    call); a listener that fails is logged, never the call's failure."""
+    for listener in gw.turn_listeners:
+        try:
+            listener(turns)
+        except Exception:  # a console line must never fail a recorded call
+            log.exception("a turn listener failed")
+
+
 async def record_choices(
-    gw: GatewayState, ctx: CallContext, choices: list[ChoiceResult]
+    gw: GatewayState, ctx: CallContext, choices: list[ChoiceResult], *, notify: bool = True
 ) -> list[TurnRecord]:
     """Record the choices' turns durably (worker thread, shielded from cancellation), count
-    them in the metrics, then tell :attr:`GatewayState.turn_listeners` (a console line per
-    request; a listener that fails is logged, never the request's failure).
+    them in the metrics, then (``notify``) tell the turn listeners (:func:`notify_listeners`).
+    A stream records each choice as it finishes and notifies once, when the call ends.
 
     Returns:
         The recorded turns, in choice order.
@@ -235,11 +245,8 @@ async def record_choices(
     metrics = gw.metrics
     with anyio.CancelScope(shield=True):
         await anyio.to_thread.run_sync(_write, gw.store, turns)
-    for listener in gw.turn_listeners:
-        try:
-            listener(turns)
-        except Exception:  # a console line must never fail a recorded call
-            log.exception("a turn listener failed")
+    if notify:
+        notify_listeners(gw, turns)
     for turn in turns:
         metrics.inc("clawrl_gateway_turns_recorded_total", status=turn.status.value)
         metrics.inc("clawrl_gateway_prompt_tokens_total", len(turn.prompt_ids))

@@ -241,20 +241,31 @@ class LearningQueries:
             yield _row_judgment(r)
 
     def judgment_counts(self: _HasConnections) -> dict[str, int]:
-        """Judgments by outcome: ``{"+1": n, "-1": n, "0": n, "none/<reason>": n, "hinted": n}``."""
+        """Judgments by outcome: ``{"+1": n, "-1": n, "0": n, "none/<reason>": n,
+        "skipped/<reason>": n, "hinted": n}``. ``none/`` rows are turns the judge gave no
+        verdict (all votes abstained, a failure); ``skipped/`` rows are turns the judge worker
+        never sent to the judge (the worker's ``no_next_state`` rows: the session ended first);
+        ``hinted`` counts verdicts with a non-empty hint."""
         with self._read() as conn:
             rows = conn.execute(
-                "SELECT score, reason, COUNT(*), SUM(hint IS NOT NULL) FROM judgments "
-                "GROUP BY score, reason"
+                "SELECT score, reason, backend = 'worker' AND reason = 'no_next_state', "
+                "COUNT(*), SUM(hint IS NOT NULL AND hint != '') FROM judgments "
+                "GROUP BY 1, 2, 3"
             ).fetchall()
         out: dict[str, int] = {}
-        for score, reason, n, hinted in rows:
-            key = f"none/{reason or 'unknown'}" if score is None else f"{int(score):+d}"
-            if key == "+0":
-                key = "0"
+        for score, reason, skipped, n, hinted in rows:
+            if score is not None:
+                key = "0" if score == 0 else f"{int(score):+d}"
+            else:
+                key = f"{'skipped' if skipped else 'none'}/{reason or 'unknown'}"
             out[key] = out.get(key, 0) + int(n)
             out["hinted"] = out.get("hinted", 0) + int(hinted or 0)
         return out
+
+    def judgment_scores(self: _HasConnections) -> dict[str, int | None]:
+        """Turn id -> the judge's score, for every judgment (two columns only)."""
+        with self._read() as conn:
+            return {r[0]: r[1] for r in conn.execute("SELECT turn_id, score FROM judgments")}
 
     def recent_judgments(self: _HasConnections, limit: int = 500) -> list[JudgmentRecord]:
         """The ``limit`` newest judgments, newest first."""

@@ -139,6 +139,11 @@ _V2: tuple[str, ...] = (
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema: sessions, turns, feedback", _V1),
     Migration(2, "judge verdicts (judgments) and trainer bookkeeping (samples)", _V2),
+    Migration(
+        3,
+        "judgments by time (the dashboard's latest judgments)",
+        ("CREATE INDEX idx_judgments_created_at ON judgments (created_at)",),
+    ),
 )
 """Every schema step in order; ``MIGRATIONS[-1].version == SCHEMA_VERSION``."""
 

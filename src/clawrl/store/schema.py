@@ -17,7 +17,7 @@ import re
 import sqlite3
 from typing import Any
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """Version of :data:`SCHEMA`; equals the last migration's version."""
 
 MIGRATIONS_TABLE = """
@@ -108,6 +108,7 @@ CREATE TABLE feedback (
     created_at REAL NOT NULL
 )""",
     "CREATE INDEX idx_judgments_session ON judgments (session_id)",
+    "CREATE INDEX idx_judgments_created_at ON judgments (created_at)",
     """CREATE TABLE samples (
     turn_id TEXT PRIMARY KEY REFERENCES turns (id),
     status TEXT NOT NULL,

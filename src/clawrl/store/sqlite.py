@@ -24,11 +24,12 @@ from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from clawrl.errors import StoreError
 from clawrl.store.codec import encode_ids, ids_digest, prefix_digests
 from clawrl.store.learning import LearningQueries
-from clawrl.store.migrations import migrate
+from clawrl.store.migrations import applied_version, migrate
 from clawrl.store.rows import (
     TURN_FIELDS,
     feedback_to_row,
@@ -40,6 +41,7 @@ from clawrl.store.rows import (
     session_to_row,
     turn_to_row,
 )
+from clawrl.store.schema import SCHEMA_VERSION
 from clawrl.store.types import (
     FeedbackRecord,
     SessionRecord,
@@ -49,6 +51,9 @@ from clawrl.store.types import (
     TurnRecord,
     new_id,
 )
+
+READ_ONLY_MIN_VERSION = 2
+"""The oldest store schema a read-only store reads (the first with judgments and samples)."""
 
 _IMMUTABLE_TURN_FIELDS = frozenset({"id", "session_id", "created_at"})
 _SQL_CHUNK = 500  # bound on host parameters per IN (...) list
@@ -63,27 +68,58 @@ class Store(LearningQueries):
         path: the database file; parent directories are created. ``:memory:`` is refused
             (each thread would see its own empty database).
         timeout_s: how long a write waits for another process's lock before failing.
+        read_only: open an existing store for reading only (``clawrl dashboard``): no
+            directory or file is created, nothing is migrated, every write fails; a schema from
+            :data:`READ_ONLY_MIN_VERSION` to the current one is read as it is.
 
     Raises:
-        StoreError: the file cannot be opened, is not SQLite, cannot use WAL, or has a schema
-            newer than this code.
+        StoreError: the file cannot be opened, is not SQLite, cannot use WAL, has a schema
+            newer than this code, or (read-only) does not exist or is older than
+            :data:`READ_ONLY_MIN_VERSION`.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, timeout_s: float = 30.0, read_only: bool = False
+    ) -> None:
         if str(path) == ":memory:" or str(path).startswith("file::memory:"):
             raise StoreError("the store needs a file path (':memory:' is per-connection)")
         self.path = Path(path)
         self.timeout_s = timeout_s
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise StoreError(f"cannot create the directory {self.path.parent}: {exc}") from exc
+        self.read_only = read_only
+        if read_only:
+            if not self.path.is_file():
+                raise StoreError(f"no store at {self.path}")
+        else:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StoreError(f"cannot create the directory {self.path.parent}: {exc}") from exc
         self._local = threading.local()
         self._conns: dict[threading.Thread, sqlite3.Connection] = {}
         self._conns_lock = threading.Lock()
         self._write_lock = threading.Lock()
         self._closed = False
-        self.schema_version = migrate(self._conn())
+        if read_only:
+            self.schema_version = self._read_only_version()
+        else:
+            self.schema_version = migrate(self._conn())
+
+    def _read_only_version(self) -> int:
+        try:
+            version = applied_version(self._conn())
+        except sqlite3.Error as exc:
+            self.close()
+            raise StoreError(f"{self.path} is not a clawrl store: {exc}") from exc
+        if not READ_ONLY_MIN_VERSION <= version <= SCHEMA_VERSION:
+            self.close()
+            raise StoreError(
+                f"{self.path} has store schema version {version}; reading it needs "
+                f"{READ_ONLY_MIN_VERSION}..{SCHEMA_VERSION}"
+                + (" (upgrade clawrl)" if version > SCHEMA_VERSION else
+                   " (open it once read-write, e.g. `clawrl sessions list --store FILE`, to "
+                   "migrate it)")
+            )  # fmt: skip
+        return version
 
     # -- connections -------------------------------------------------------------------------
 
@@ -107,6 +143,16 @@ class Store(LearningQueries):
                 raise StoreError(f"cannot open the store {self.path}: {exc}") from exc
 
     def _connect_once(self) -> sqlite3.Connection:
+        if self.read_only:
+            uri = f"file:{quote(str(self.path.resolve()))}?mode=ro"
+            conn = sqlite3.connect(
+                uri, uri=True, timeout=self.timeout_s, isolation_level=None,
+                check_same_thread=False,
+            )  # fmt: skip
+            conn.row_factory = sqlite3.Row
+            conn.execute("PRAGMA query_only=ON")
+            conn.execute(f"PRAGMA busy_timeout={int(self.timeout_s * 1000)}")
+            return conn
         conn = sqlite3.connect(
             self.path, timeout=self.timeout_s, isolation_level=None, check_same_thread=False
         )
@@ -140,7 +186,13 @@ class Store(LearningQueries):
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
-        """One short write transaction, committed (and fsynced) on exit."""
+        """One short write transaction, committed (and fsynced) on exit.
+
+        Raises:
+            StoreError: the store was opened read-only.
+        """
+        if self.read_only:
+            raise StoreError(f"the store {self.path} is open read-only")
         conn = self._conn()
         with self._write_lock:
             try:
@@ -254,9 +306,18 @@ class Store(LearningQueries):
             if cur.rowcount == 0:
                 raise StoreError(f"unknown session {session_id!r}")
 
-    def list_sessions(self, limit: int = 50, offset: int = 0) -> list[SessionSummary]:
-        """Sessions with counts, most recently created first."""
-        sql = """
+    def list_sessions(
+        self, limit: int = 50, offset: int = 0, *, query: str | None = None
+    ) -> list[SessionSummary]:
+        """Sessions with counts, most recently created first.
+
+        Args:
+            query: keep only sessions whose id, client, source (attribution) or harness
+                (``metadata.harness``) contains this text, case-insensitively for ASCII
+                letters (SQLite's LIKE); ``None`` or ``""``: all.
+        """
+        where, params = _session_filter(query)
+        sql = f"""
         SELECT s.*,
             COUNT(t.id) AS n_turns,
             COALESCE(SUM(t.trainable = 1 AND t.status = 'ok'), 0) AS n_trainable,
@@ -266,13 +327,14 @@ class Store(LearningQueries):
             COALESCE(SUM(t.completion_len), 0) AS n_completion,
             MAX(t.created_at) AS last_turn_at,
             (SELECT COUNT(*) FROM feedback f WHERE f.session_id = s.id) AS n_feedback
-        FROM (SELECT * FROM sessions ORDER BY created_at DESC, rowid DESC LIMIT ? OFFSET ?) s
+        FROM (SELECT * FROM sessions {where} ORDER BY created_at DESC, rowid DESC
+              LIMIT ? OFFSET ?) s
         LEFT JOIN turns t ON t.session_id = s.id
         GROUP BY s.id
         ORDER BY s.created_at DESC, s.rowid DESC
         """
         with self._read() as conn:
-            rows = conn.execute(sql, (int(limit), int(offset))).fetchall()
+            rows = conn.execute(sql, (*params, int(limit), int(offset))).fetchall()
         return [
             SessionSummary(
                 session=row_to_session(r),
@@ -288,20 +350,26 @@ class Store(LearningQueries):
             for r in rows
         ]
 
+    def count_sessions(self, query: str | None = None) -> int:
+        """How many sessions :meth:`list_sessions` lists with this ``query``."""
+        where, params = _session_filter(query)
+        with self._read() as conn:
+            return int(conn.execute(f"SELECT COUNT(*) FROM sessions {where}", params).fetchone()[0])
+
     def activity(self, since: float) -> dict[str, float]:
-        """Traffic since ``since`` (seconds since the epoch) and totals: ``{"turns",
-        "completion_tokens", "prompt_tokens"}`` of turns created since then, plus
-        ``"sessions_total"`` and ``"turns_total"``."""
+        """Traffic since ``since`` (seconds since the epoch) and totals: ``"requests"`` (calls:
+        turns of choice 0), ``"completion_tokens"`` and ``"prompt_tokens"`` of turns created
+        since then, plus ``"sessions_total"`` and ``"turns_total"``."""
         with self._read() as conn:
             recent = conn.execute(
-                "SELECT COUNT(*), COALESCE(SUM(completion_len), 0), COALESCE(SUM(prompt_len), 0) "
-                "FROM turns WHERE created_at >= ?",
+                "SELECT COALESCE(SUM(choice_index = 0), 0), COALESCE(SUM(completion_len), 0), "
+                "COALESCE(SUM(prompt_len), 0) FROM turns WHERE created_at >= ?",
                 (float(since),),
             ).fetchone()
             sessions = conn.execute("SELECT COUNT(*) FROM sessions").fetchone()[0]
             turns = conn.execute("SELECT COUNT(*) FROM turns").fetchone()[0]
         return {
-            "turns": float(recent[0]),
+            "requests": float(recent[0]),
             "completion_tokens": float(recent[1]),
             "prompt_tokens": float(recent[2]),
             "sessions_total": float(sessions),
@@ -653,3 +721,14 @@ class Store(LearningQueries):
                 f"SELECT * FROM feedback WHERE {column} = ? ORDER BY created_at, rowid", (value,)
             ).fetchall()
         return [row_to_feedback(r) for r in rows]
+
+
+def _session_filter(query: str | None) -> tuple[str, tuple[str, ...]]:
+    """``WHERE`` clause and parameters for a session search (LIKE with ``%`` and ``_`` escaped)."""
+    if not query:
+        return "", ()
+    escaped = query.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    like = f"%{escaped}%"
+    cols = ("id", "COALESCE(client, '')", "source",
+            "COALESCE(json_extract(metadata, '$.harness'), '')")  # fmt: skip
+    return "WHERE " + " OR ".join(f"{c} LIKE ? ESCAPE '\\'" for c in cols), (like,) * len(cols)

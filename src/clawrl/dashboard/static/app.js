@@ -48,6 +48,12 @@ function ago(ts) {
   if (s < 86400) return `${(s / 3600).toFixed(1)} h ago`;
   return new Date(ts * 1000).toLocaleString();
 }
+// a relative time that keeps counting between refreshes (see tickTimes)
+function when(ts) { return el("span", { class: "ts", "data-ts": ts ? String(ts) : null, text: ago(ts) }); }
+function tickTimes() {
+  for (const node of document.querySelectorAll("[data-ts]")) node.textContent = ago(Number(node.dataset.ts));
+}
+function sessionHref(id) { return `${PREFIX}/session?id=${encodeURIComponent(id)}`; }
 function short(id) { return id ? id.slice(0, 8) : "–"; }
 function scoreBadge(score) {
   const label = score === null || score === undefined ? "no judgment" : score > 0 ? "+1" : score < 0 ? "−1" : "0";
@@ -66,11 +72,11 @@ function table(headers, rows, cls) {
     el("tbody", {}, rows));
 }
 
-function tick(y, range) {
-  // as many decimals as the axis range needs, so that ticks differ (1e-4 ranges included)
-  if (Math.abs(y) < range * 1e-6) return "0";
-  if (range < 1e-2) return y.toExponential(1);
-  const decimals = Math.max(0, Math.min(4, 2 - Math.floor(Math.log10(range))));
+function tick(y, range, magnitude) {
+  // enough decimals that neighbouring ticks differ; exponents only for tiny values
+  if (Math.abs(y) < range * 1e-9) return "0";
+  if (magnitude < 1e-3) return y.toExponential(1);
+  const decimals = Math.max(0, Math.min(8, Math.ceil(-Math.log10(range / 4)) + 1));
   return y.toFixed(decimals);
 }
 
@@ -90,16 +96,22 @@ function lineChart(title, series, opts = {}) {
   const ys = pts.map((p) => p[1]).concat(bands.flatMap((b) => [b[1], b[2]]));
   let x0 = Math.min(...xs), x1 = Math.max(...xs);
   let y0 = Math.min(...ys), y1 = Math.max(...ys);
+  const nonnegative = y0 >= 0;
   if (x0 === x1) { x0 -= 1; x1 += 1; }
-  if (y0 === y1) { y0 -= Math.abs(y0) * 0.1 || 1; y1 += Math.abs(y1) * 0.1 || 1; }
+  if (y0 === y1) {
+    if (y0 === 0) y1 = 1;
+    else { const d = Math.abs(y0) * 0.1; y0 -= d; y1 += d; }
+  }
   const pad = (y1 - y0) * 0.08; y0 -= pad; y1 += pad;
+  if (nonnegative) y0 = Math.max(0, y0); // fractions, KL, step times: no negative axis
+  const magnitude = Math.max(Math.abs(y0), Math.abs(y1));
   const sx = (x) => L + ((x - x0) / (x1 - x0)) * (W - L - R);
   const sy = (y) => T + (1 - (y - y0) / (y1 - y0)) * (H - T - B);
   const g = svg("svg", { viewBox: `0 0 ${W} ${H}`, width: "100%", role: "img", "aria-label": title });
   for (let i = 0; i <= 4; i++) {
     const y = y0 + ((y1 - y0) * i) / 4;
     g.append(svg("line", { x1: L, x2: W - R, y1: sy(y), y2: sy(y), class: "grid" }));
-    g.append(svg("text", { x: L - 4, y: sy(y) + 4, "text-anchor": "end", class: "tick" }, tick(y, y1 - y0)));
+    g.append(svg("text", { x: L - 4, y: sy(y) + 4, "text-anchor": "end", class: "tick" }, tick(y, y1 - y0, magnitude)));
   }
   const xt = Array.from(new Set(xs)).sort((a, b) => a - b);
   const every = Math.max(1, Math.ceil(xt.length / 8));
@@ -133,12 +145,13 @@ function renderOverview(d) {
     card("requests/s", fmt(d.requests_per_s, 2), `last ${Math.round(d.rate_window_s)} s`),
     card("tokens/s", fmt(d.tokens_per_s, 1), "sampled tokens"),
     card("sessions", String(d.sessions), `${d.turns} turns`),
-    card("judge backlog", String(d.judge_backlog), "turns not judged yet (incl. waiting for a next state)"),
+    d.judging ? card("judge backlog", String(d.judge_backlog), "turns not judged yet (incl. waiting for a next state)")
+      : card("judge", "off", "recording only: serve --method rl|opd|combine judges and trains"),
     card("judged", String(d.judged), "turns with a verdict"),
     card("samples ready", String(d.samples_ready), "judged, waiting for a step"),
     card("trained", String(d.trained), "samples in a step"));
   const versions = d.versions.slice().reverse().slice(0, 10).map((v) =>
-    el("tr", {}, el("td", { text: `v${v.version}` }), el("td", { text: String(v.step) }), el("td", { text: ago(v.time) })));
+    el("tr", {}, el("td", { text: `v${v.version}` }), el("td", { text: String(v.step) }), el("td", {}, when(v.time))));
   const drops = d.drops.map((x) =>
     el("tr", {}, el("td", { class: "mono", text: x.reason }), el("td", { text: String(x.count) }), el("td", { text: x.text })));
   const keys = ["loss", "reward/mean", "kl/ref", "clip/low_frac", "clip/high_frac", "hint/rate", "samples/trained", "time/step", "grad/norm"];
@@ -156,17 +169,34 @@ function renderOverview(d) {
   ];
 }
 
-let sessionQuery = new URLSearchParams(location.search).get("q") || "";
+const params = new URLSearchParams(location.search);
+let sessionQuery = params.get("q") || "";
+let sessionOffset = Math.max(0, Number(params.get("offset")) || 0);
+const PAGE = 100;
+function setSessionUrl() {
+  const q = new URLSearchParams();
+  if (sessionQuery) q.set("q", sessionQuery);
+  if (sessionOffset) q.set("offset", String(sessionOffset));
+  history.replaceState(null, "", q.toString() ? `?${q}` : location.pathname);
+}
+function pager(d) {
+  const first = d.total ? d.offset + 1 : 0, last = d.offset + d.sessions.length;
+  const go = (offset) => () => { sessionOffset = Math.max(0, offset); setSessionUrl(); refresh(); };
+  return el("div", { class: "pager" },
+    el("span", { class: "muted", id: "session-count", text: `${first}–${last} of ${d.total} session(s)${d.query ? ` matching “${d.query}”` : ", newest first"}` }),
+    d.offset > 0 ? el("button", { onclick: go(d.offset - PAGE), text: "← newer" }) : null,
+    last < d.total ? el("button", { onclick: go(d.offset + PAGE), text: "older →" }) : null);
+}
 function renderSessions(d) {
   const rows = d.sessions.map((s) => el("tr", { "data-session": s.id },
-    el("td", {}, el("a", { href: `${PREFIX}/sessions/${encodeURIComponent(s.id)}`, class: "mono", text: s.id.length > 20 ? s.id.slice(0, 20) + "…" : s.id })),
+    el("td", {}, el("a", { href: sessionHref(s.id), class: "mono", text: s.id.length > 20 ? s.id.slice(0, 20) + "…" : s.id })),
     el("td", { text: s.client || "–" }), el("td", { text: s.harness || "–" }), el("td", { text: s.attribution }),
     el("td", { text: String(s.turns) }), el("td", { text: String(s.trainable) }),
     el("td", { text: String(s.side) }), el("td", { text: String(s.failed) }),
-    el("td", { text: String(s.tokens) }), el("td", { text: ago(s.last_activity) }),
+    el("td", { text: String(s.tokens) }), el("td", {}, when(s.last_activity)),
     el("td", { text: s.ended ? "ended" : "open" })));
   return [
-    el("p", { class: "muted", text: `${d.sessions.length} session(s)${d.query ? ` matching “${d.query}”` : ", newest first"}` }),
+    pager(d),
     rows.length ? table(["session", "client", "harness", "attribution", "turns", "trainable", "side", "failed", "tokens", "last activity", ""], rows, "sessions")
       : el("p", { class: "muted", text: "no sessions yet: send a request to the gateway" }),
   ];
@@ -181,7 +211,7 @@ function renderTurn(t, open) {
     el("span", { class: "tag", text: t.kind }),
     el("span", { class: "tag", text: `v${t.version}` }),
     el("span", { class: `tag st-${t.status}`, text: t.status }),
-    el("span", { class: "muted", text: `${t.finish_reason || "–"} · prompt ${t.prompt_tokens} · completion ${t.completion_tokens} tokens · ${t.latency_s === null ? "–" : fmt(t.latency_s, 2) + " s"} · ${ago(t.created_at)}` }),
+    el("span", { class: "muted" }, `${t.finish_reason || "–"} · prompt ${t.prompt_tokens} · completion ${t.completion_tokens} tokens · ${t.latency_s === null ? "–" : fmt(t.latency_s, 2) + " s"} · `, when(t.created_at)),
     t.root_reason && t.root_reason !== "first" ? el("span", { class: "tag warn", text: t.root_reason }) : null,
     t.attribution ? el("span", { class: "muted", text: `attributed by ${t.attribution}` }) : null);
   const msgs = el("details", { class: "messages", "data-key": `m-${t.id}`, open: open.has(`m-${t.id}`) || t.messages.length <= 2 ? "" : null },
@@ -214,8 +244,9 @@ function renderTurn(t, open) {
     jd = el("div", { class: "judgment none", text: "not judged yet" });
   }
   const tr = el("div", { class: `training tr-${t.training.state}`, text: t.training.text });
+  const err = t.error ? el("pre", { class: "turn-error", text: t.error }) : null;
   return el("article", { class: "turn", id: `turn-${t.id}`, "data-turn": t.id, style: `margin-left:${Math.min(t.depth, 12) * 18}px` },
-    head, msgs, completion, el("div", { class: "cols2" }, ns, jd), tr);
+    head, msgs, completion, err, el("div", { class: "cols2" }, ns, jd), tr);
 }
 function renderSession(d) {
   const open = new Set([...document.querySelectorAll("details[open]")].map((x) => x.dataset.key));
@@ -223,7 +254,8 @@ function renderSession(d) {
   return [
     el("p", {}, el("a", { href: `${PREFIX}/sessions`, text: "← all sessions" })),
     el("h2", { class: "mono", text: `session ${d.id}` }),
-    el("p", { class: "muted", text: `client ${d.client || "–"} · attribution ${d.attribution} · created ${ago(d.created_at)} · ${d.ended_at ? "ended " + ago(d.ended_at) : "open"} · ${d.turns.length} turn(s)${counts ? " · untrainable: " + counts : ""}` }),
+    el("p", { class: "muted" }, `client ${d.client || "–"} · attribution ${d.attribution} · created `, when(d.created_at),
+      d.ended_at ? [" · ended ", when(d.ended_at)] : " · open", ` · ${d.turns.length} turn(s)${counts ? " · untrainable: " + counts : ""}`),
     d.turns.map((t) => renderTurn(t, open)),
   ];
 }
@@ -236,11 +268,13 @@ function renderTraining(d) {
     const checks = Object.keys(evs[0].checks || {});
     out.push(el("h2", { text: `Held-out score (${demo.method}, seed ${demo.seed})` }));
     out.push(el("section", { class: "charts" }, lineChart("rubric score with 95% interval", [{ name: "score", points: evs.map((e) => [e.step, e.score]), band: evs.filter((e) => e.ci.length === 2).map((e) => [e.step, e.ci[0], e.ci[1]]) }])));
+    const rate = (c) => c ? `${fmt(c.rate, 2)}` + (c.ci.length === 2 ? ` [${fmt(c.ci[0], 2)}, ${fmt(c.ci[1], 2)}]` : "") : "–";
     const rows = evs.map((e) => el("tr", {}, el("td", { text: String(e.step) }), el("td", { text: `v${e.version}` }),
-      el("td", { text: `${fmt(e.score)} [${fmt(e.ci[0])}, ${fmt(e.ci[1])}]` }), checks.map((c) => el("td", { text: fmt(e.checks[c], 2) }))));
+      el("td", { text: `${fmt(e.score)} [${fmt(e.ci[0])}, ${fmt(e.ci[1])}]` }), checks.map((c) => el("td", { text: rate(e.checks[c]) }))));
+    out.push(el("p", { class: "muted", text: "Each check: pass rate on the held-out problems [95% bootstrap interval]." }));
     out.push(table(["step", "version", "score [95% CI]", ...checks], rows, "evals"));
     if (demo.examples.length) {
-      out.push(el("h2", { text: "Before and after" }));
+      out.push(el("h2", { text: "Before and after: the held-out answers that improved most (not a typical pair)" }));
       demo.examples.forEach((x) => out.push(el("div", { class: "example" },
         el("div", { class: "strong", text: x.question }),
         el("div", { class: "cols2" },
@@ -250,7 +284,7 @@ function renderTraining(d) {
   }
   out.push(el("h2", { text: `Training curves (${d.steps} step${d.steps === 1 ? "" : "s"})` }));
   out.push(el("section", { class: "charts" }, Object.entries(d.curves).map(([key, c]) => lineChart(c.title, [{ name: key, points: c.points }]))));
-  if (d.output_dir) out.push(el("p", { class: "muted" }, "TensorBoard: ", el("code", { text: `tensorboard --logdir ${d.output_dir}/tensorboard` })));
+  if (d.tensorboard) out.push(el("p", { class: "muted" }, "TensorBoard: ", el("code", { text: `tensorboard --logdir ${d.tensorboard}` })));
   return out;
 }
 
@@ -271,14 +305,15 @@ function renderJudge(d) {
     card("judged 0 / not yet", `${a.judge_neutral} / ${a.missing}`, "known turns without a ±1 verdict"))
     : el("p", { class: "muted", text: "agreement with ground truth: only where the scenario knows it (clawrl demo)" });
   const recent = d.recent.map((j) => el("tr", {},
-    el("td", {}, el("a", { href: `${PREFIX}/sessions/${encodeURIComponent(j.session_id)}#turn-${j.turn_id}`, class: "mono", text: short(j.turn_id) })),
-    el("td", {}, scoreBadge(j.score)), el("td", { text: j.reason || "" }), el("td", { text: j.hint || "" }), el("td", { text: ago(j.created_at) })));
+    el("td", {}, el("a", { href: `${sessionHref(j.session_id)}#turn-${j.turn_id}`, class: "mono", text: short(j.turn_id) })),
+    el("td", {}, scoreBadge(j.score)), el("td", { text: j.reason || "" }), el("td", { text: j.hint || "" }), el("td", {}, when(j.created_at))));
   return [
     el("section", { class: "cards" }, card("judged", String(d.judged), "with a verdict (+1, −1 or 0); " + (d.backends.join(", ") || "–")),
       card("with a hint", String(d.hinted), d.judged ? `${Math.round((100 * d.hinted) / d.judged)} % of judgments` : ""),
       card("latency p50", d.latency_p50_s === null ? "–" : `${fmt(d.latency_p50_s, 2)} s`, "per judgment (all votes)")),
     agreement,
-    el("section", { class: "cols" }, bars("Scores", dist), bars("No judgment, by reason", Object.entries(d.no_judgment)),
+    el("section", { class: "cols" }, bars("Scores", dist), bars("No verdict (the judge abstained or failed), by reason", Object.entries(d.no_judgment)),
+      bars("Never sent to the judge, by reason", Object.entries(d.skipped)),
       bars(`Abstaining votes, by reason (of ${d.votes_seen} votes)`, Object.entries(d.vote_abstentions))),
     el("h2", { text: "Latest judgments" }),
     recent.length ? table(["turn", "score", "reason", "hint", "when"], recent) : el("p", { class: "muted", text: "no judgments yet" }),
@@ -288,8 +323,8 @@ function renderJudge(d) {
 // -- polling ---------------------------------------------------------------------------------
 const PAGES = {
   overview: { api: () => "overview", render: renderOverview },
-  sessions: { api: () => `sessions?q=${encodeURIComponent(sessionQuery)}`, render: renderSessions },
-  session: { api: () => `sessions/${encodeURIComponent(body.dataset.session)}`, render: renderSession },
+  sessions: { api: () => `sessions?q=${encodeURIComponent(sessionQuery)}&limit=${PAGE}&offset=${sessionOffset}`, render: renderSessions },
+  session: { api: () => `session?id=${encodeURIComponent(body.dataset.session)}`, render: renderSession },
   training: { api: () => "training", render: renderTraining },
   judge: { api: () => "judge", render: renderJudge },
 };
@@ -302,40 +337,53 @@ function setup() {
   if (body.dataset.page === "sessions") {
     let timer = null;
     const input = el("input", { type: "search", id: "search", placeholder: "search id, client, harness, attribution", value: sessionQuery,
-      oninput: (e) => { clearTimeout(timer); timer = setTimeout(() => { sessionQuery = e.target.value; history.replaceState(null, "", sessionQuery ? `?q=${encodeURIComponent(sessionQuery)}` : location.pathname); refresh(); }, 250); } });
+      oninput: (e) => { clearTimeout(timer); timer = setTimeout(() => { sessionQuery = e.target.value; sessionOffset = 0; setSessionUrl(); refresh(); }, 250); } });
     main.append(el("div", { class: "toolbar" }, input));
   }
   main.append(content);
 }
 
+let seq = 0;
 async function refresh() {
+  const mine = ++seq;
+  let text = null, failure = null;
   try {
     const res = await fetch(`${PREFIX}/api/${page.api()}`, { cache: "no-store", credentials: "same-origin" });
-    if (!res.ok) {
-      let msg = `HTTP ${res.status}`;
-      try { const j = await res.json(); msg = (j.error && j.error.message) || msg; } catch (e) { /* not JSON */ }
-      content.replaceChildren(el("p", { class: "error", text: msg }));
-      live.textContent = `error: ${msg}`; live.className = "live bad";
-      return;
+    if (res.ok) text = await res.text();
+    else {
+      failure = `HTTP ${res.status}`;
+      try { const j = await res.json(); failure = (j.error && j.error.message) || failure; } catch (e) { /* not JSON */ }
     }
-    const text = await res.text();
-    if (text !== lastText) {
-      lastText = text;
-      const y = window.scrollY;
-      content.replaceChildren(...[page.render(JSON.parse(text))].flat(Infinity));
-      window.scrollTo(0, y);
-      if (location.hash && !content.dataset.jumped) {
-        const target = document.getElementById(location.hash.slice(1));
-        if (target) { target.scrollIntoView(); target.classList.add("focus"); content.dataset.jumped = "1"; }
-      }
-    }
-    live.textContent = `live · updated ${new Date().toLocaleTimeString()}`; live.className = "live ok";
-    body.dataset.loaded = String(Number(body.dataset.loaded || 0) + 1);
   } catch (e) {
-    live.textContent = "server unreachable: retrying"; live.className = "live bad";
+    failure = "server unreachable: retrying";
   }
+  if (mine !== seq) return; // a newer request (a search, a page change) has been sent since
+  if (failure !== null) {
+    lastText = null; // redraw when the server answers again, even with the same data
+    content.replaceChildren(el("p", { class: "error", text: failure }));
+    live.textContent = `error: ${failure}`; live.className = "live bad";
+    return;
+  }
+  if (text !== lastText) {
+    lastText = text;
+    const y = window.scrollY;
+    content.replaceChildren(...[page.render(JSON.parse(text))].flat(Infinity));
+    window.scrollTo(0, y);
+    if (location.hash && !content.dataset.jumped) {
+      const target = document.getElementById(location.hash.slice(1));
+      if (target) { target.scrollIntoView(); target.classList.add("focus"); content.dataset.jumped = "1"; }
+    }
+  }
+  tickTimes();
+  live.textContent = `live · updated ${new Date().toLocaleTimeString()}`; live.className = "live ok";
+  body.dataset.loaded = String(Number(body.dataset.loaded || 0) + 1);
+}
+
+// the next poll starts when this one has finished: a slow server never gets a pile of requests
+async function poll() {
+  await refresh();
+  setTimeout(poll, POLL);
 }
 
 setup();
-refresh();
-setInterval(refresh, POLL);
+poll();
