@@ -95,3 +95,17 @@ def test_the_blind_set_is_frozen():
     assert recorded == BLIND_SHA256
     cases = load_cases(path)
     assert len(cases) >= 150 and len({c.category for c in cases}) == 10
+
+
+def test_the_second_blind_set_is_frozen():
+    """The second blind set is the one frozen before any judge was scored on it."""
+    import hashlib
+
+    from clawrl.judge.cases import BLIND_B_SHA256, blind_b_cases_path
+
+    path = blind_b_cases_path()
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == BLIND_B_SHA256
+    recorded = (path.parent / "judge_blind_b_cases.sha256").read_text().split()[0]
+    assert recorded == BLIND_B_SHA256
+    cases = load_cases(path)
+    assert len(cases) >= 240 and len({c.category for c in cases}) == 10

@@ -11,7 +11,12 @@ import torch
 from clawrl.errors import JudgeError
 from clawrl.judge import Judge
 from clawrl.judge.backends.head import HeadBackend
-from clawrl.judge.cases import blind_cases_path, default_cases_path, load_cases
+from clawrl.judge.cases import (
+    blind_b_cases_path,
+    blind_cases_path,
+    default_cases_path,
+    load_cases,
+)
 from clawrl.judge.head import (
     CLASSES,
     FeatureExtractor,
@@ -154,6 +159,10 @@ def test_synthetic_data_does_not_copy_the_labeled_sets():
             and len(c.input.next_state.text.split()) >= 5
         }
 
-    held_out = replies(load_cases(default_cases_path())) | replies(load_cases(blind_cases_path()))
+    held_out = (
+        replies(load_cases(default_cases_path()))
+        | replies(load_cases(blind_cases_path()))
+        | replies(load_cases(blind_b_cases_path()))
+    )
     made = replies(synthetic_cases(8000, split="all"))
     assert not made & held_out

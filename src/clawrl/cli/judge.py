@@ -41,7 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     e.add_argument(
         "--cases",
         metavar="FILE",
-        help="labeled JSONL set, or 'shipped' (default) or 'blind' (the held-out set)",
+        help="labeled JSONL set, or 'shipped' (default), 'blind' (the first blind set) or "
+        "'blind-b' (the second blind set, the held-out one)",
     )
     e.add_argument(
         "--backend",
@@ -160,11 +161,14 @@ def _backend_config_unchecked(args: argparse.Namespace) -> Any:
 
 
 def _cases_path(name: str | None) -> Any:
-    """A labeled set by name (``shipped``, ``blind``) or path; None: the shipped set."""
-    from clawrl.judge.cases import blind_cases_path
+    """A labeled set by name (``shipped``, ``blind``, ``blind-b``) or path; None: the
+    shipped set."""
+    from clawrl.judge.cases import blind_b_cases_path, blind_cases_path
 
     if name == "blind":
         return blind_cases_path()
+    if name == "blind-b":
+        return blind_b_cases_path()
     return None if name in (None, "shipped") else name
 
 

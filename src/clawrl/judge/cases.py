@@ -79,6 +79,19 @@ def blind_cases_path() -> Path:
     return Path(str(resources.files("clawrl") / "data" / "judge_blind_cases.jsonl"))
 
 
+BLIND_B_SHA256 = "0573505756af6e22aa003c5e249174a9d1a6f96ed83c75b0f871a84d5f095e9f"
+"""SHA-256 of the second blind set as frozen (``clawrl/data/judge_blind_b_cases.sha256``)."""
+
+
+def blind_b_cases_path() -> Path:
+    """Path of the second blind held-out set: 240 cases written by someone who never saw the
+    judge's code, prompts, cases or outputs, and frozen (its SHA-256 is
+    :data:`BLIND_B_SHA256`) before any judge was scored on it. It exists because the first
+    blind set was scored three times while heads were compared and then became training data
+    for the next head: the first set is no longer held out, this one is."""
+    return Path(str(resources.files("clawrl") / "data" / "judge_blind_b_cases.jsonl"))
+
+
 def load_cases(path: str | Path | None = None) -> list[JudgeCase]:
     """Read a labeled set (default: the shipped one).
 
