@@ -117,7 +117,13 @@ def test_training_and_judge_views(live):
     # the ended sessions' last answers were never sent to the judge: not abstentions
     assert j["skipped"] == {"no_next_state": 2} and j["no_judgment"] == {}
     assert j["backends"] == ["generative:scripted"]
+    assert all(r["backend"] == "generative:scripted" for r in j["recent"])
     assert j["recent"] and {"turn_id", "session_id", "score"} <= set(j["recent"][0])
+
+
+def test_the_root_leads_to_the_dashboard(live):
+    r = httpx.get(live.url.removesuffix("/dashboard") + "/", follow_redirects=False)
+    assert r.status_code == 307 and r.headers["location"] == "/dashboard"
 
 
 def test_pages_are_html_shells_with_escaped_attributes(live):

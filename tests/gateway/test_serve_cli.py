@@ -130,7 +130,7 @@ def test_graceful_shutdown_curl_example_and_sessions_cli(tiny_dir, tmp_path, cap
     dash = lines[-1]
     assert re.fullmatch(r"clawrl dashboard: http://127\.0\.0\.1:\d+/dashboard", dash), dash
     (req,) = [x for x in rest.splitlines() if " chat session " in x]
-    assert re.fullmatch(r"\d\d:\d\d:\d\d chat session \w{8} turn \w{8} \d+\+\d+ tokens "
+    assert re.fullmatch(r"\d\d:\d\d:\d\d chat session \w{12}… turn \w{8} \d+\+\d+ tokens "
                         r"[\d.]+ s v0 ok (stop|length)", req), req  # fmt: skip
     with Store(db) as store:
         (sid,) = store.session_ids()

@@ -18,10 +18,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "dashboard",
         help="serve the live dashboard (sessions, judgments, training) for a store, read-only",
-        description="Serve the dashboard alone, read-only: the overview (policy version, "
-        "traffic, judge backlog, drops), every session as its prefix tree with next states, "
-        "judgments and hints, the training curves and the judge's score distribution. It reads "
-        "the store and the trainer's metrics.jsonl as they grow, so it follows a run in "
+        description="Serve the dashboard alone, read-only: the overview (policy version,\n"
+        "traffic, judge backlog, drops), every session as its prefix tree with next states,\n"
+        "judgments and hints, the training curves and the judge's score distribution. It\n"
+        "reads the store and the trainer's metrics.jsonl as they grow, so it follows a run in\n"
         "progress. `clawrl serve` and `clawrl demo` serve the same pages at /dashboard.",
         epilog="examples:\n"
         "  clawrl dashboard --demo demo-report                  # a finished demo run\n"
@@ -123,6 +123,9 @@ def run(args: argparse.Namespace) -> int:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
         url = f"http://{_url_host(args.host)}:{sock.getsockname()[1]}/dashboard"
         print(f"clawrl dashboard: {url}  (store: {store_path}, read-only; Ctrl-C stops)")
+        if output_dir is None:
+            print("  no trainer output directory (--output-dir DIR): no curves; the policy "
+                  "version and step shown are the latest the store recorded")  # fmt: skip
         config = uvicorn.Config(app, log_level="warning", lifespan="off")
         uvicorn.Server(config).run(sockets=[sock])
     finally:

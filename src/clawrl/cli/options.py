@@ -108,9 +108,11 @@ def add_online_options(p: argparse.ArgumentParser) -> None:
 def add_judge_options(p: argparse.ArgumentParser) -> None:
     """The PRM judge's flags."""
     g = p.add_argument_group("judge")
-    g.add_argument("--judge", choices=["choice", "generative", "openai"],
-                   help="PRM judge backend (choice: calibrated verdict scoring, default)")  # fmt: skip
-    g.add_argument("--judge-votes", type=int, help="votes per judgment, m (3)")
+    g.add_argument("--judge", choices=["head", "choice", "generative", "openai"],
+                   help="PRM judge backend (head: the trained probes on the embedded model, "
+                   "default; choice: calibrated verdict scoring; generative / openai: a model "
+                   "that writes its verdict and hint)")  # fmt: skip
+    g.add_argument("--judge-votes", type=int, help="votes per judgment, m (5)")
     g.add_argument("--judge-url", help="OpenAI-compatible judge endpoint (with --judge openai)")
     g.add_argument("--judge-model", help="judge model name at --judge-url, or a local spec")
     g.add_argument("--judge-api-key-env", help="env var holding the judge endpoint's key")

@@ -29,7 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         description="Start the clawrl gateway: POST /v1/chat/completions (streaming, tools, n, "
         "logprobs), POST /v1/messages (Anthropic Messages, for Claude Code), POST /v1/responses "
         "(OpenAI Responses, for Codex), GET /v1/models, /healthz, /metrics, POST /v1/feedback and "
-        "/v1/sessions/{id}/end. Every call is recorded token-exactly in the store. Binding an "
+        "/v1/sessions/{id}/end, and the live dashboard at /dashboard (sessions, judgments, "
+        "training). Every call is recorded token-exactly in the store and printed as one "
+        "console line (--quiet: none). Binding an "
         f"address other than loopback needs an API key (--api-key or ${API_KEY_ENV}).",
         epilog="example: clawrl serve --model smollm2-135m --port 8000 --store clawrl.db",
     )
@@ -71,6 +73,11 @@ def _printable(text: str) -> str:
     return "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in text)
 
 
+def _short_id(session_id: str, most: int = 24) -> str:
+    """A session id whole when it is short (a name a client chose), else its first 12 chars."""
+    return session_id if len(session_id) <= most else session_id[:12] + "…"
+
+
 def request_line(turns: list[TurnRecord]) -> str:
     """One console line for a request's recorded turns (one per choice), e.g.
     ``19:04:11 chat session 3f2a1b2c turn 9e8d7c6b 412+37 tokens 1.84 s v3 ok stop``."""
@@ -86,7 +93,7 @@ def request_line(turns: list[TurnRecord]) -> str:
     untrainable = sorted({t.untrainable_reason for t in turns if t.untrainable_reason})
     why = f" ({_printable(','.join(untrainable))})" if untrainable else ""
     return (
-        f"{when} {api}{_printable(kind)} session {_printable(first.session_id[:8])} "
+        f"{when} {api}{_printable(kind)} session {_printable(_short_id(first.session_id))} "
         f"turn {first.id[:8]}{choices} "
         f"{len(first.prompt_ids)}+{completion} tokens {latency:.2f} s v{first.policy_version} "
         f"{statuses} {finish}{why}"

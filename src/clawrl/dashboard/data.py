@@ -334,10 +334,12 @@ class DashboardSource:
             for r in rows
             if r.get("policy/version") is not None
         ]
+        # without metrics (no --output-dir), the store still knows the last step it trained
+        stored_step, stored_version = self.store.training_progress()
         version = (
             self.policy_version()
             if self.policy_version is not None
-            else (versions[-1]["version"] if versions else 0)
+            else (versions[-1]["version"] if versions else stored_version)
         )
         live = self.status() if self.status is not None else None
         drops = [
@@ -367,7 +369,8 @@ class DashboardSource:
             "samples_ready": live.ready if live is not None else backlog["ready"],
             "trained": counts.get("trained", 0),
             "drops": drops,
-            "step": int(last["step"]) if last else 0,
+            "step": int(last["step"]) if last else stored_step,
+            "metrics": self.output_dir is not None,
             "last_step": last,
             "live": live is not None,
         }
@@ -534,7 +537,8 @@ class DashboardSource:
                 vote_total += 1
                 if v.get("abstain"):
                     votes[str(v["abstain"])] += 1
-        real = [j for j in recent if j.backend != "worker"]
+        # the worker's rows for turns nothing came after are bookkeeping, not verdicts
+        real = [j for j in recent if not (j.backend == "worker" and j.reason == "no_next_state")]
         latencies = sorted(j.latency_s for j in real if j.latency_s is not None)
         judged = _scored(counts)
         return {
@@ -559,9 +563,10 @@ class DashboardSource:
                     "score": j.score,
                     "reason": j.reason,
                     "hint": j.hint,
+                    "backend": j.backend,
                     "created_at": j.created_at,
                 }
-                for j in recent[:20]
+                for j in real[:20]
             ],
         }
 

@@ -28,7 +28,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 from fastapi import APIRouter, FastAPI, Query, Request
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
 from clawrl.dashboard.data import PAGE_SIZE_MAX, DashboardSource
 from clawrl.errors import ClientInputError, StoreError
@@ -57,6 +57,8 @@ def _shell(page: str, source: DashboardSource, extra: dict[str, str] | None = No
         for key, (path, title) in PAGES.items()
     )
     data = {"page": page, "prefix": PREFIX, "poll": str(POLL_MS), **(extra or {})}
+    if source.read_only:
+        data["readonly"] = "1"
     attrs = " ".join(f'data-{k}="{html.escape(v, quote=True)}"' for k, v in data.items())
     title = html.escape(source.title)
     badge = ' <span class="badge">read-only</span>' if source.read_only else ""
@@ -180,9 +182,15 @@ async def api_judge(request: Request) -> JSONResponse:
     return await _json(_source(request).judge)
 
 
+async def _root() -> RedirectResponse:
+    """``GET /``: a browser pointed at the server's root lands on the dashboard."""
+    return RedirectResponse(PREFIX, status_code=307)
+
+
 def mount_dashboard(app: FastAPI, source: DashboardSource) -> DashboardSource:
-    """Serve the dashboard on ``app`` under ``/dashboard``; returns ``source`` (the caller may
-    set its ``demo`` view later)."""
+    """Serve the dashboard on ``app`` under ``/dashboard`` (and redirect ``GET /`` to it);
+    returns ``source`` (the caller may set its ``demo`` view later)."""
     app.state.dashboard = source
     app.include_router(router)
+    app.add_api_route("/", _root, methods=["GET"], include_in_schema=False)
     return source

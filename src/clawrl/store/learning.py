@@ -262,6 +262,16 @@ class LearningQueries:
             out["hinted"] = out.get("hinted", 0) + int(hinted or 0)
         return out
 
+    def training_progress(self: _HasConnections) -> tuple[int, int]:
+        """(the last training step, the policy version it produced) recorded in ``samples``;
+        ``(0, 0)`` before any step."""
+        with self._read() as conn:
+            row = conn.execute(
+                "SELECT COALESCE(MAX(step), 0), COALESCE(MAX(policy_version), 0) FROM samples "
+                "WHERE status = 'trained'"
+            ).fetchone()
+        return int(row[0]), int(row[1])
+
     def judgment_scores(self: _HasConnections) -> dict[str, int | None]:
         """Turn id -> the judge's score, for every judgment (two columns only)."""
         with self._read() as conn:

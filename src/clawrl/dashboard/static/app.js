@@ -72,12 +72,20 @@ function table(headers, rows, cls) {
     el("tbody", {}, rows));
 }
 
-function tick(y, range, magnitude) {
-  // enough decimals that neighbouring ticks differ; exponents only for tiny values
-  if (Math.abs(y) < range * 1e-9) return "0";
+function tick(y, step, magnitude) {
+  // the decimals the tick step has (0.25 -> 2), so ticks read as the round numbers they are;
+  // exponents only for tiny values
+  if (Math.abs(y) < step * 1e-9) return "0";
   if (magnitude < 1e-3) return y.toExponential(1);
-  const decimals = Math.max(0, Math.min(8, Math.ceil(-Math.log10(range / 4)) + 1));
+  let decimals = 0;
+  while (decimals < 8 && Math.abs(Math.round(step * 10 ** decimals) - step * 10 ** decimals) > 1e-6) decimals++;
   return y.toFixed(decimals);
+}
+function niceStep(raw) {
+  // 1, 2, 2.5 or 5 times a power of ten (round tick values)
+  const p = Math.pow(10, Math.floor(Math.log10(raw)));
+  for (const m of [1, 2, 2.5, 5, 10]) if (raw <= m * p) return m * p;
+  return 10 * p;
 }
 
 // -- a small SVG line chart -------------------------------------------------------------------
@@ -102,16 +110,18 @@ function lineChart(title, series, opts = {}) {
     if (y0 === 0) y1 = 1;
     else { const d = Math.abs(y0) * 0.1; y0 -= d; y1 += d; }
   }
-  const pad = (y1 - y0) * 0.08; y0 -= pad; y1 += pad;
+  const stepY = niceStep((y1 - y0) / 4);
+  y0 = Math.floor(y0 / stepY) * stepY; y1 = Math.ceil(y1 / stepY) * stepY;
   if (nonnegative) y0 = Math.max(0, y0); // fractions, KL, step times: no negative axis
+  const nTicks = Math.round((y1 - y0) / stepY);
   const magnitude = Math.max(Math.abs(y0), Math.abs(y1));
   const sx = (x) => L + ((x - x0) / (x1 - x0)) * (W - L - R);
   const sy = (y) => T + (1 - (y - y0) / (y1 - y0)) * (H - T - B);
   const g = svg("svg", { viewBox: `0 0 ${W} ${H}`, width: "100%", role: "img", "aria-label": title });
-  for (let i = 0; i <= 4; i++) {
-    const y = y0 + ((y1 - y0) * i) / 4;
+  for (let i = 0; i <= nTicks; i++) {
+    const y = y0 + stepY * i;
     g.append(svg("line", { x1: L, x2: W - R, y1: sy(y), y2: sy(y), class: "grid" }));
-    g.append(svg("text", { x: L - 4, y: sy(y) + 4, "text-anchor": "end", class: "tick" }, tick(y, y1 - y0, magnitude)));
+    g.append(svg("text", { x: L - 4, y: sy(y) + 4, "text-anchor": "end", class: "tick" }, tick(y, stepY, magnitude)));
   }
   const xt = Array.from(new Set(xs)).sort((a, b) => a - b);
   const every = Math.max(1, Math.ceil(xt.length / 8));
@@ -141,7 +151,7 @@ function renderOverview(d) {
   const last = d.last_step || {};
   const cards = el("section", { class: "cards" },
     card("policy version", `v${d.policy_version}`, d.versions.length ? `published ${ago(d.versions[d.versions.length - 1].time)}` : "base weights"),
-    card("training step", String(d.step), last.time ? `last step ${ago(last.time)}` : "no step yet"),
+    card("training step", String(d.step), last.time ? `last step ${ago(last.time)}` : d.step ? "from the store (no metrics file)" : "no step yet"),
     card("requests/s", fmt(d.requests_per_s, 2), `last ${Math.round(d.rate_window_s)} s`),
     card("tokens/s", fmt(d.tokens_per_s, 1), "sampled tokens"),
     card("sessions", String(d.sessions), `${d.turns} turns`),
@@ -161,7 +171,8 @@ function renderOverview(d) {
     cards,
     el("section", { class: "cols" },
       el("div", {}, el("h2", { text: "Policy versions" }),
-        versions.length ? table(["version", "step", "published"], versions) : el("p", { class: "muted", text: "only the base weights so far" })),
+        versions.length ? table(["version", "step", "published"], versions)
+          : el("p", { class: "muted", text: d.metrics ? "only the base weights so far" : "no trainer output directory given (clawrl dashboard --output-dir DIR): no version history" })),
       el("div", {}, el("h2", { text: "Not trained on, by reason" }),
         drops.length ? table(["reason", "turns", "what it means"], drops, "drops") : el("p", { class: "muted", text: "nothing dropped" })),
       el("div", {}, el("h2", { text: last.step ? `Last step (${last.step})` : "Last step" }),
@@ -197,7 +208,7 @@ function renderSessions(d) {
     el("td", { text: s.ended ? "ended" : "open" })));
   return [
     pager(d),
-    rows.length ? table(["session", "client", "harness", "attribution", "turns", "trainable", "side", "failed", "tokens", "last activity", ""], rows, "sessions")
+    rows.length ? table(["session", "client", "harness", "attribution", "turns", "trainable turns", "side", "failed", "tokens", "last activity", "state"], rows, "sessions")
       : el("p", { class: "muted", text: "no sessions yet: send a request to the gateway" }),
   ];
 }
@@ -208,8 +219,8 @@ function messageBlock(m) {
 function renderTurn(t, open) {
   const head = el("div", { class: "turn-head" },
     el("span", { class: "mono strong", text: short(t.id) }),
-    el("span", { class: "tag", text: t.kind }),
-    el("span", { class: "tag", text: `v${t.version}` }),
+    t.kind !== "main" ? el("span", { class: "tag warn", title: "a side call: recorded, never trained", text: t.kind }) : null,
+    el("span", { class: "tag", title: "the policy version that sampled this answer", text: `v${t.version}` }),
     el("span", { class: `tag st-${t.status}`, text: t.status }),
     el("span", { class: "muted" }, `${t.finish_reason || "–"} · prompt ${t.prompt_tokens} · completion ${t.completion_tokens} tokens · ${t.latency_s === null ? "–" : fmt(t.latency_s, 2) + " s"} · `, when(t.created_at)),
     t.root_reason && t.root_reason !== "first" ? el("span", { class: "tag warn", text: t.root_reason }) : null,
@@ -226,15 +237,19 @@ function renderTurn(t, open) {
   if (t.next_state) {
     const s = t.next_state;
     ns = el("div", { class: "next-state", "data-role": s.role },
-      el("div", { class: "box-title", text: `next state (${s.role})` + (s.child_turn_id ? ` → turn ${short(s.child_turn_id)}` : "") }),
+      el("div", { class: "box-title" }, `next state (${s.role})`,
+        s.child_turn_id ? [" → ", el("a", { href: `#turn-${s.child_turn_id}`, text: `turn ${short(s.child_turn_id)}` })] : null),
       s.messages.map(messageBlock),
       s.feedback.map((f) => el("div", { class: "muted", text: `feedback ${f.reward}${f.comment ? ": " + f.comment : ""}` })),
       s.note ? el("div", { class: "muted", text: s.note }) : null);
   } else {
-    ns = el("div", { class: "next-state none", text: "no next state yet" });
+    const ended = t.training.state === "dropped" && t.training.reason === "no_next_state";
+    ns = el("div", { class: "next-state none", text: ended ? "no next state: the session ended before a reply" : "no next state yet" });
   }
   let jd;
-  if (t.judgment) {
+  if (t.judgment && t.judgment.backend === "worker" && t.judgment.reason === "no_next_state") {
+    jd = el("div", { class: "judgment none", text: "not sent to the judge: nothing came after this answer" });
+  } else if (t.judgment) {
     const j = t.judgment;
     jd = el("div", { class: "judgment" },
       el("div", { class: "box-title" }, "judge ", scoreBadge(j.score), el("span", { class: "muted", text: ` ${j.backend}${j.latency_s !== null ? " · " + fmt(j.latency_s, 2) + " s" : ""}${j.reason ? " · " + j.reason : ""}` })),
@@ -297,7 +312,7 @@ function bars(title, entries) {
 }
 function renderJudge(d) {
   const order = ["+1", "-1", "0"];
-  const dist = order.filter((k) => d.distribution[k] !== undefined).map((k) => [k, d.distribution[k]]);
+  const dist = order.filter((k) => d.distribution[k] !== undefined).map((k) => [k.replace("-", "−"), d.distribution[k]]);
   const a = d.agreement;
   const agreement = a ? el("section", { class: "cards", "data-agreement": "1" },
     card("agrees with the user", a.compared ? a.rate.toFixed(2) : "–", `${a.agreed} of ${a.compared} turns the scenario knows and the judge scored ±1`),
@@ -306,7 +321,7 @@ function renderJudge(d) {
     : el("p", { class: "muted", text: "agreement with ground truth: only where the scenario knows it (clawrl demo)" });
   const recent = d.recent.map((j) => el("tr", {},
     el("td", {}, el("a", { href: `${sessionHref(j.session_id)}#turn-${j.turn_id}`, class: "mono", text: short(j.turn_id) })),
-    el("td", {}, scoreBadge(j.score)), el("td", { text: j.reason || "" }), el("td", { text: j.hint || "" }), el("td", {}, when(j.created_at))));
+    el("td", {}, scoreBadge(j.score)), el("td", { text: j.backend + (j.reason ? ` (${j.reason})` : "") }), el("td", { text: j.hint || "" }), el("td", {}, when(j.created_at))));
   return [
     el("section", { class: "cards" }, card("judged", String(d.judged), "with a verdict (+1, −1 or 0); " + (d.backends.join(", ") || "–")),
       card("with a hint", String(d.hinted), d.judged ? `${Math.round((100 * d.hinted) / d.judged)} % of judgments` : ""),
@@ -316,7 +331,7 @@ function renderJudge(d) {
       bars("Never sent to the judge, by reason", Object.entries(d.skipped)),
       bars(`Abstaining votes, by reason (of ${d.votes_seen} votes)`, Object.entries(d.vote_abstentions))),
     el("h2", { text: "Latest judgments" }),
-    recent.length ? table(["turn", "score", "reason", "hint", "when"], recent) : el("p", { class: "muted", text: "no judgments yet" }),
+    recent.length ? table(["turn", "score", "from", "hint", "when"], recent) : el("p", { class: "muted", text: "no judgments yet" }),
   ];
 }
 
@@ -375,7 +390,7 @@ async function refresh() {
     }
   }
   tickTimes();
-  live.textContent = `live · updated ${new Date().toLocaleTimeString()}`; live.className = "live ok";
+  live.textContent = `${body.dataset.readonly ? "read-only · refreshed" : "live · updated"} ${new Date().toLocaleTimeString()}`; live.className = "live ok";
   body.dataset.loaded = String(Number(body.dataset.loaded || 0) + 1);
 }
 
