@@ -24,7 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "eval",
         help="judge a labeled set; print accuracy, sign errors, hint P/R, judgments/s",
         description="Judge every case of a labeled JSONL set (default: the one shipped with "
-        "clawrl; 'blind': the held-out set written without seeing the judge) and print "
+        "clawrl; 'blind' and 'blind-b': two sets written without seeing the judge, 'blind-b' "
+        "the one never used to train or choose a judge) and print "
         "accuracy, coverage, sign errors, the confusion matrix, hint precision and recall, and "
         "judgments per second. Backends: head (trained probes on the local judge model's "
         "hidden states; the default), choice (calibrated verdict log-probs), generative "
