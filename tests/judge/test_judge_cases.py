@@ -83,29 +83,23 @@ def test_bad_file_names_the_line(tmp_path, cases):
         load_cases(tmp_path / "missing.jsonl")
 
 
-def test_the_blind_set_is_frozen():
-    """The blind held-out set is the one written before the trained judge existed."""
+@pytest.mark.parametrize(
+    ("which", "sha_file", "at_least"),
+    [("first", "judge_blind_cases.sha256", 150), ("second", "judge_blind_b_cases.sha256", 240)],
+)
+def test_the_blind_sets_are_frozen(which, sha_file, at_least):
+    """Each blind set is the one frozen before it was used: the first before the trained judge
+    existed, the second before any judge was scored on it."""
     import hashlib
 
-    from clawrl.judge.cases import BLIND_SHA256, blind_cases_path
+    from clawrl.judge import cases as judge_cases
 
-    path = blind_cases_path()
-    assert hashlib.sha256(path.read_bytes()).hexdigest() == BLIND_SHA256
-    recorded = (path.parent / "judge_blind_cases.sha256").read_text().split()[0]
-    assert recorded == BLIND_SHA256
+    path, expected = {
+        "first": (judge_cases.blind_cases_path(), judge_cases.BLIND_SHA256),
+        "second": (judge_cases.blind_b_cases_path(), judge_cases.BLIND_B_SHA256),
+    }[which]
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == expected
+    recorded = (path.parent / sha_file).read_text().split()[0]
+    assert recorded == expected
     cases = load_cases(path)
-    assert len(cases) >= 150 and len({c.category for c in cases}) == 10
-
-
-def test_the_second_blind_set_is_frozen():
-    """The second blind set is the one frozen before any judge was scored on it."""
-    import hashlib
-
-    from clawrl.judge.cases import BLIND_B_SHA256, blind_b_cases_path
-
-    path = blind_b_cases_path()
-    assert hashlib.sha256(path.read_bytes()).hexdigest() == BLIND_B_SHA256
-    recorded = (path.parent / "judge_blind_b_cases.sha256").read_text().split()[0]
-    assert recorded == BLIND_B_SHA256
-    cases = load_cases(path)
-    assert len(cases) >= 240 and len({c.category for c in cases}) == 10
+    assert len(cases) >= at_least and len({c.category for c in cases}) == 10

@@ -168,6 +168,7 @@ def _judgment(j: JudgmentRecord | None) -> dict[str, Any] | None:
         return None
     return {
         "score": j.score,
+        "skipped": j.skipped,
         "reason": j.reason,
         "hint": j.hint,
         "backend": j.backend,
@@ -538,7 +539,7 @@ class DashboardSource:
                 if v.get("abstain"):
                     votes[str(v["abstain"])] += 1
         # the worker's rows for turns nothing came after are bookkeeping, not verdicts
-        real = [j for j in recent if not (j.backend == "worker" and j.reason == "no_next_state")]
+        real = [j for j in recent if not j.skipped]
         latencies = sorted(j.latency_s for j in real if j.latency_s is not None)
         judged = _scored(counts)
         return {

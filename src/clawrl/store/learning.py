@@ -52,6 +52,11 @@ DROP_EXPLANATIONS: dict[str, str] = {
 """What each :class:`DropReason` means, in words (the demo report, the dashboard)."""
 
 
+WORKER_BACKEND = "worker"
+"""``JudgmentRecord.backend`` of rows the judge worker writes itself: a turn it never sent to
+the judge (``no_next_state``) or a judge call that timed out (``timeout``)."""
+
+
 @dataclass
 class JudgmentRecord:
     """The judge's verdict on one turn.
@@ -78,6 +83,11 @@ class JudgmentRecord:
     latency_s: float | None = None
     next_state_role: str | None = None
     created_at: float = field(default_factory=time.time)
+
+    @property
+    def skipped(self) -> bool:
+        """Bookkeeping, not a verdict: the worker's row for a turn nothing came after."""
+        return self.backend == WORKER_BACKEND and self.reason == DropReason.NO_NEXT_STATE
 
 
 @dataclass
@@ -248,9 +258,10 @@ class LearningQueries:
         ``hinted`` counts verdicts with a non-empty hint."""
         with self._read() as conn:
             rows = conn.execute(
-                "SELECT score, reason, backend = 'worker' AND reason = 'no_next_state', "
+                "SELECT score, reason, backend = ? AND reason = ?, "
                 "COUNT(*), SUM(hint IS NOT NULL AND hint != '') FROM judgments "
-                "GROUP BY 1, 2, 3"
+                "GROUP BY 1, 2, 3",
+                (WORKER_BACKEND, str(DropReason.NO_NEXT_STATE)),
             ).fetchall()
         out: dict[str, int] = {}
         for score, reason, skipped, n, hinted in rows:

@@ -36,6 +36,7 @@ from clawrl.judge.types import (
     NextStateRole as JudgeRole,
 )
 from clawrl.store import DropReason, JudgmentRecord, Store, TurnKind, TurnRecord, TurnStatus
+from clawrl.store.learning import WORKER_BACKEND
 from clawrl.trajectory import load_tree, next_state
 from clawrl.trajectory.next_state import NextState, NextStateRole
 
@@ -156,7 +157,7 @@ class JudgeWorker:
                     turn.id,
                     turn.session_id,
                     None,
-                    "worker",
+                    WORKER_BACKEND,
                     reason="timeout",
                     latency_s=time.perf_counter() - t0,
                     next_state_role=str(ns.role),
@@ -190,7 +191,7 @@ class JudgeWorker:
             for turn, ns in await asyncio.to_thread(self._pending, sid):
                 if ns is None:  # the session ended without a next state for this turn
                     rec = JudgmentRecord(
-                        turn.id, sid, None, "worker", reason=str(DropReason.NO_NEXT_STATE)
+                        turn.id, sid, None, WORKER_BACKEND, reason=str(DropReason.NO_NEXT_STATE)
                     )
                     await asyncio.to_thread(self.store.record_judgment, rec)
                     continue

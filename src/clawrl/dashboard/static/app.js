@@ -247,7 +247,7 @@ function renderTurn(t, open) {
     ns = el("div", { class: "next-state none", text: ended ? "no next state: the session ended before a reply" : "no next state yet" });
   }
   let jd;
-  if (t.judgment && t.judgment.backend === "worker" && t.judgment.reason === "no_next_state") {
+  if (t.judgment && t.judgment.skipped) {
     jd = el("div", { class: "judgment none", text: "not sent to the judge: nothing came after this answer" });
   } else if (t.judgment) {
     const j = t.judgment;
