@@ -115,21 +115,21 @@ READERS = 2
 """Dashboard reads in flight at once (their own worker threads: a page open in many tabs never
 takes the gateway's threads for recording turns)."""
 
-_limiter: anyio.CapacityLimiter | None = None
 
-
-async def _json(fn: Any, *args: Any) -> JSONResponse:
-    global _limiter
-    if _limiter is None:
-        _limiter = anyio.CapacityLimiter(READERS)
-    data = await anyio.to_thread.run_sync(fn, *args, limiter=_limiter)
+async def _json(request: Request, fn: Any, *args: Any) -> JSONResponse:
+    """``fn(*args)`` in a worker thread under the app's own :data:`READERS` limiter (made on
+    first use, inside the app's event loop), as JSON that is never cached."""
+    limiter = getattr(request.app.state, "dashboard_limiter", None)
+    if limiter is None:
+        limiter = request.app.state.dashboard_limiter = anyio.CapacityLimiter(READERS)
+    data = await anyio.to_thread.run_sync(fn, *args, limiter=limiter)
     return JSONResponse(data, headers={"Cache-Control": "no-store"})
 
 
 @router.get("/api/overview")
 async def api_overview(request: Request) -> JSONResponse:
     """:meth:`DashboardSource.overview`."""
-    return await _json(_source(request).overview)
+    return await _json(request, _source(request).overview)
 
 
 @router.get("/api/sessions")
@@ -142,7 +142,7 @@ async def api_sessions(
     """:meth:`DashboardSource.sessions` (``q``: search text; a bad value is a 400 naming it)."""
     if "\x00" in q:
         raise ClientInputError("the search text 'q' must not contain NUL characters", param="q")
-    return await _json(_source(request).sessions, q, limit, offset)
+    return await _json(request, _source(request).sessions, q, limit, offset)
 
 
 @router.get("/api/session")
@@ -167,19 +167,19 @@ async def api_session(request: Request, session_id: str = SESSION_ID) -> JSONRes
         except StoreError as exc:
             raise ClientInputError(str(exc), status=404, code="session_not_found") from exc
 
-    return await _json(read)
+    return await _json(request, read)
 
 
 @router.get("/api/training")
 async def api_training(request: Request) -> JSONResponse:
     """:meth:`DashboardSource.training`."""
-    return await _json(_source(request).training)
+    return await _json(request, _source(request).training)
 
 
 @router.get("/api/judge")
 async def api_judge(request: Request) -> JSONResponse:
     """:meth:`DashboardSource.judge`."""
-    return await _json(_source(request).judge)
+    return await _json(request, _source(request).judge)
 
 
 async def _root() -> RedirectResponse:
