@@ -165,3 +165,19 @@ def test_each_run_prints_its_dashboard_and_a_finished_run_opens_in_it(demo):
     args.run = "opd-seed7"
     with pytest.raises(Exception, match="has no run 'opd-seed7'"):
         _paths(args)
+
+
+def test_validation_split_never_touches_the_held_out_problems():
+    from clawrl.demo.runner import run_split
+    from clawrl.envs import load_scenario
+
+    spec = load_scenario("student")
+    plain = run_split(DemoSettings(eval_problems=8), spec, seed=3)
+    val = run_split(DemoSettings(eval_problems=8, validation=True), spec, seed=3)
+    held = {p.question for p in plain.held_out}
+    assert len(val.held_out) == 8 and len(held) == 8
+    # validation problems come from the training split, and training keeps off them
+    assert not held & {p.question for p in val.held_out}
+    assert not held & {p.question for p in val.train}
+    assert not {p.question for p in val.held_out} & {p.question for p in val.train}
+    assert {p.question for p in val.held_out} <= {p.question for p in plain.train}

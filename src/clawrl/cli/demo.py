@@ -21,7 +21,8 @@ the gateway with the online loop (PRM judge + trainer), score the policy's first
 held-out problems with the scenario's rubric (version 0), let the simulated user talk to it
 while it trains, and score it again after 8 and 16 steps. The student wants homework answers
 that do not look AI-written (the number first, a few casual sentences, no textbook phrasing);
-the teacher wants specific, friendly grading comments. Any scenario file (TOML, see
+the teacher wants a comment written to the student (is it right, what went well,
+what to fix), not the answer. Any scenario file (TOML, see
 clawrl.envs.scenario) works with --scenario FILE.
 
 Writes demo-report/: report.md (scores with 95% intervals, each check, guards, sessions to
@@ -53,6 +54,10 @@ config.toml (what ran), results.json, and each run's store and trained adapter u
     p.add_argument("--quick", action="store_true",
                    help="a first look: 4 steps of 2 samples, evaluated at 0, 2, 4 on 20 problems")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="the first seed (0)")
+    p.add_argument("--validation", action="store_true",
+                   help="evaluate on validation problems carved out of the training split "
+                   "(and kept out of training) instead of the held-out ones: choose "
+                   "hyperparameters with this, never on held-out scores")  # fmt: skip
     add_config_options(p)
     p.set_defaults(func=run)
 
@@ -92,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
         scenario=scenario, methods=methods, seeds=seeds, steps=steps, eval_steps=evals,
         batch_size=batch, eval_problems=problems, max_tokens=args.max_tokens,
         concurrency=args.concurrency, dataset=args.dataset, out_dir=args.out,
+        validation=args.validation,
     )  # fmt: skip
     console = Console()
     tty = console.is_terminal
@@ -100,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
         f"[bold]clawrl demo[/]: {spec.name} scenario, methods {', '.join(methods)}, "
         f"seeds {', '.join(map(str, seeds))}, {steps} steps x {batch} samples, answers of "
         f"{args.max_tokens or spec.answer.max_tokens} tokens, eval on "
-        f"{problems or spec.problems.held_out} held-out problems at steps "
+        f"{problems or spec.problems.held_out} "
+        f"{'validation (training-split)' if args.validation else 'held-out'} problems at steps "
         f"{', '.join(map(str, evals))}"
     )
     t0 = time.perf_counter()

@@ -352,6 +352,16 @@ def write_report(
         "95% interval (one seed: bootstrap over the held-out problems, i.e. the evaluation's "
         "own noise; several seeds: t-interval over the seeds). The gain is paired: the same "
         "problems before and after.",
+        *(
+            [
+                "",
+                "**Validation run** (`--validation`): the problems scored here are carved out "
+                "of the training split and kept out of training; the held-out problems were "
+                'not used. Read "held-out" below as "validation".',
+            ]
+            if settings.validation
+            else []
+        ),
         "",
         score_table(results, steps),
         "",

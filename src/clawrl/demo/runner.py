@@ -32,6 +32,7 @@ from clawrl.demo.stats import bootstrap_ci, sessions_to_converge
 
 if TYPE_CHECKING:
     from clawrl.envs import EvalResult, ScenarioSpec, SessionLog
+    from clawrl.envs.problems import ProblemSplit
     from clawrl.runtime import JudgeBundle
     from clawrl.trainer.service import OnlineService
 
@@ -58,6 +59,9 @@ class DemoSettings:
         out_dir: where the report goes.
         timeout_s: give up on a run after this many seconds of training sessions.
         examples: held-out questions shown with their answer before and after training.
+        validation: evaluate on validation problems carved out of the training split (and
+            kept out of the training sessions) instead of the held-out ones: for choosing
+            hyperparameters without ever scoring on held-out problems.
     """
 
     scenario: str = "student"
@@ -76,6 +80,31 @@ class DemoSettings:
     out_dir: str = "demo-report"
     timeout_s: float = 1800.0
     examples: int = 3
+    validation: bool = False
+
+
+VALIDATION_SALT = 1_000_003
+"""Added to the seed to carve the validation problems out of the training split."""
+
+
+def run_split(settings: DemoSettings, spec: ScenarioSpec, seed: int) -> ProblemSplit:
+    """The problems one run trains on and is evaluated on.
+
+    The held-out split is the scenario's (:func:`clawrl.envs.problem_split` with ``seed``). With
+    ``settings.validation``, the run never sees it: its evaluation problems are carved out of
+    the training split (ranked with ``seed + VALIDATION_SALT``), and it trains on the rest.
+
+    Raises:
+        ValueError: too few distinct questions for the split.
+    """
+    from clawrl.envs import problem_split
+    from clawrl.envs.problems import split_problems
+
+    held_out = settings.eval_problems or spec.problems.held_out
+    split = problem_split(settings.dataset or spec.dataset(), held_out=held_out, seed=seed)
+    if not settings.validation:
+        return split
+    return split_problems(split.train, held_out=held_out, seed=seed + VALIDATION_SALT)
 
 
 @dataclass
@@ -129,6 +158,8 @@ class MethodResult:
     judge: str = ""
     wall_s: float = 0.0
     note: str = ""
+    eval_split: str = "held-out"
+    """``held-out`` or ``validation`` (problems from the training split, for tuning)."""
 
     @property
     def scores(self) -> dict[int, float]:
@@ -223,7 +254,7 @@ def run_method(
         policy: a freshly loaded policy to train (tests pass the tiny model); default: loaded
             from ``cfg.model``.
     """
-    from clawrl.envs import evaluate_personalization, judge_agreement, make_user, problem_split
+    from clawrl.envs import evaluate_personalization, judge_agreement, make_user
     from clawrl.envs.sessions import run_sessions
     from clawrl.runtime import build_runtime
     from clawrl.trainer.metrics import read_metrics
@@ -237,8 +268,8 @@ def run_method(
     mcfg = method_config(cfg, method, settings, run_dir, seed)
     result.method_config = mcfg.trainer.method.model_dump(mode="json")
     result.trainer_dir = str(run_dir / "trainer")
-    held_out = settings.eval_problems or spec.problems.held_out
-    split = problem_split(settings.dataset or spec.dataset(), held_out=held_out, seed=seed)
+    split = run_split(settings, spec, seed)
+    result.eval_split = "validation" if settings.validation else "held-out"
     result.problems = [p.id for p in split.held_out]
     result.questions = [p.question for p in split.held_out]
     max_tokens = settings.max_tokens or spec.answer.max_tokens
