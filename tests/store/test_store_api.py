@@ -353,3 +353,13 @@ def test_not_a_database(tmp_path: Path) -> None:
     bad.write_bytes(b"this is not sqlite" * 100)
     with pytest.raises(StoreError):
         Store(bad)
+
+
+@pytest.mark.parametrize(
+    "url", ["postgresql://user@host:5432/db", "postgres://h/db", "sqlite://x.db"]
+)
+def test_a_database_url_is_refused_not_made_a_directory(tmp_path, monkeypatch, url):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(StoreError, match="URL"):
+        Store(url)
+    assert list(tmp_path.iterdir()) == []

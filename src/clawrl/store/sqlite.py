@@ -16,6 +16,7 @@ may open the same file; SQLite's busy timeout (``timeout_s``) arbitrates between
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import threading
 import time
@@ -59,6 +60,10 @@ _IMMUTABLE_TURN_FIELDS = frozenset({"id", "session_id", "created_at"})
 _SQL_CHUNK = 500  # bound on host parameters per IN (...) list
 
 
+_URL_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+"""A database URL (``postgresql://...``), which would otherwise become a directory name."""
+
+
 class Store(LearningQueries):
     """A durable, thread-safe store of sessions, turns and feedback in one SQLite file.
 
@@ -73,8 +78,9 @@ class Store(LearningQueries):
             :data:`READ_ONLY_MIN_VERSION` to the current one is read as it is.
 
     Raises:
-        StoreError: the file cannot be opened, is not SQLite, cannot use WAL, has a schema
-            newer than this code, or (read-only) does not exist or is older than
+        StoreError: the path is a database URL (``postgresql://...``), the file cannot be
+            opened, is not SQLite, cannot use WAL, has a schema newer than this code, or
+            (read-only) does not exist or is older than
             :data:`READ_ONLY_MIN_VERSION`.
     """
 
@@ -83,6 +89,12 @@ class Store(LearningQueries):
     ) -> None:
         if str(path) == ":memory:" or str(path).startswith("file::memory:"):
             raise StoreError("the store needs a file path (':memory:' is per-connection)")
+        scheme = _URL_SCHEME.match(str(path))
+        if scheme:
+            raise StoreError(
+                f"the store {str(path)!r} is a {scheme.group(1)} URL; this clawrl stores in a "
+                "SQLite file only (give a file path, e.g. --store clawrl.db)"
+            )
         self.path = Path(path)
         self.timeout_s = timeout_s
         self.read_only = read_only
