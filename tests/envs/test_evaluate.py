@@ -82,10 +82,13 @@ def test_teacher_eval_sampling_seed_and_failures(fake_openai):
     )
     assert result.n_errors == 1 and "HTTP 503: policy is reloading" in result.items[0].error
     assert result.items[0].score is None and len(result.scored) == len(PROBLEMS) - 1
-    # correct work: praise and tone pass, no number cited, names_fix not applicable
-    assert result.mean_score == pytest.approx(3 / 4)
+    # correct work: praise passes and it is a comment, but it neither talks to the student nor
+    # says "correct"; names_fix does not apply
+    assert result.mean_score == pytest.approx(2 / 4)
     assert "names_fix" not in result.check_pass_rates
-    assert result.check_pass_rates["cites_numbers"] == 0.0
+    assert result.check_pass_rates["talks_to_student"] == 0.0
+    assert result.check_pass_rates["gives_verdict"] == 0.0
+    assert result.check_pass_rates["no_bare_answer"] == 1.0
     assert result.answer_accuracy is None  # the teacher's answers are comments, not numbers
     seeds = [r.body["seed"] for r in server.requests]
     assert len(set(seeds)) == len(PROBLEMS)
@@ -123,7 +126,7 @@ def test_cli_json_and_table(fake_openai, capsys):
 
     assert main([*args, "--scenario", "teacher"]) == 0
     text = capsys.readouterr().out
-    assert "mean score" in text and "cites_numbers" in text and "teacher" in text
+    assert "mean score" in text and "talks_to_student" in text and "teacher" in text
 
 
 def test_cli_reports_a_dead_gateway_and_bad_settings(capsys):

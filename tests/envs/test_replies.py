@@ -133,11 +133,12 @@ def _flawed_works():
 
 
 TEACHER_FAILING = {
-    "praises_work": "In step {step}, it should be {right}, not {wrong}.",
-    "names_fix": "Great work with {answer}!",
-    "friendly_tone": "Good start, but careless: step {step} should be {right}.",
-    "cites_numbers": "Good effort! Step {step} has a slip, check it.",
-    "within_word_limit": "Good job, step {step} should be {right}. " + "Keep going. " * 60,
+    "praises_work": "In step {step}, you wrote {wrong}; it should be {right}, a small mistake.",
+    "names_fix": "Great work with {answer}, you got it right!",
+    "talks_to_student": "Good start, but step {step} should be {right}, not {wrong}; a slip.",
+    "gives_verdict": "Good effort! In step {step} you should use {right}, not {wrong}.",
+    "no_bare_answer": "The answer is {answer}. Good job, you made a mistake in step {step}; "
+    "it should be {right}.",
 }
 
 
@@ -166,7 +167,10 @@ def test_teacher_thanks_vary_and_end_the_session():
     thanks = set()
     for task in tasks:
         f = task.context.flaw
-        comment = f"Nice work! In step {f.step} it should be {f.right_value}, not {f.wrong_value}."
+        comment = (
+            f"Nice work! You made one slip: in step {f.step} it should be {f.right_value}, "
+            f"not {f.wrong_value}."
+        )
         reply = asyncio.run(user.respond(task, [], comment, turn=0, final=False))
         assert reply.done and reply.assessment.satisfied, (comment, reply.assessment.failed)
         thanks.add(reply.text)

@@ -113,19 +113,19 @@ TEACHER = RuleUser(load_scenario("teacher"))
 @pytest.mark.parametrize(
     ("comment", "failed"),
     [
-        ("Nice setup! In step 1, 20 x 3 should be 60, not 58, so the rest is off by a bit.", ()),
-        ("Great work multiplying by 6! Check the first step again: 20 x 3 is 60.", ()),
-        ("Good effort, but recheck: 58 should be 60.", ()),
-        ("In step 1, 20 x 3 should be 60, not 58.", ("praises_work",)),
-        ("Well done using 6 days!", ("names_fix",)),
-        ("Step 1 is 58, nice.", ("names_fix",)),  # points at it but never says to fix it
-        ("This is not good. Step 1 should be 60.", ("praises_work",)),  # "not good": no praise
-        ("Not very careful: step 1 should be 60.", ("praises_work",)),
-        ("No rush, great setup! Step 1 should be 60.", ()),
-        ("Nice try, but this is careless: step 1 should be 60.", ("friendly_tone",)),
-        ("Good job! One step has a small mistake, check your multiplication.",
-         ("cites_numbers", "names_fix")),
-        ("Good job! Step 1 has a small mistake; check it.", ("cites_numbers",)),
+        ("Great work multiplying by 6! You made one mistake: in step 1, 20 x 3 should be 60, "
+         "not 58.", ()),
+        ("Nice setup! Check your first step again: 20 x 3 is 60, so 58 is wrong.", ()),
+        ("Good effort, but you should recheck: 58 should be 60, it's a slip.", ()),
+        ("In step 1, you wrote 58 but 20 x 3 should be 60.", ("praises_work", "gives_verdict")),
+        ("Well done using 6 days! Your answer is wrong.", ("names_fix",)),
+        ("Step 1 is 58, nice, you are right.", ("names_fix",)),  # points at it, never says fix
+        ("This is not good, you got step 1 wrong: it should be 60.", ("praises_work",)),
+        ("Nice setup! There is a mistake in step 1: 20 x 3 should be 60.", ("talks_to_student",)),
+        ("The answer is 290. Good job, you made a mistake in step 1; it should be 60.",
+         ("no_bare_answer",)),
+        ("The answer is 278.",
+         ("praises_work", "names_fix", "talks_to_student", "gives_verdict", "no_bare_answer")),
     ],
 )  # fmt: skip
 def test_teacher_checks_on_flawed_work(comment, failed):
@@ -134,17 +134,16 @@ def test_teacher_checks_on_flawed_work(comment, failed):
     assert r.score == pytest.approx(1 - len(failed) / 5)
 
 
-def test_teacher_checks_on_correct_work_and_length():
+def test_teacher_checks_on_correct_work():
     w = _work(False)
-    r = TEACHER.rubric.evaluate("Great job, 360 - 70 = 290 is exactly right!", w)
+    r = TEACHER.rubric.evaluate("Great job, you got 360 - 70 = 290 exactly right!", w)
     assert r.satisfied and r.result("names_fix").passed is None
     assert "names_fix" not in r.passed and r.score == 1.0
     r = TEACHER.rubric.evaluate("Terrible. Wrong.", w)
-    assert set(r.failed) == {"praises_work", "friendly_tone", "cites_numbers"}
-    assert r.result("friendly_tone").evidence == "Terrible"
-    assert r.score == pytest.approx(1 / 4)  # concise passes; names_fix does not apply
-    long = "Great job with 290! " + "You did it. " * 50
-    assert TEACHER.rubric.evaluate(long, w).failed == ("within_word_limit",)
+    assert set(r.failed) == {"praises_work", "talks_to_student"}
+    assert r.score == pytest.approx(2 / 4)  # a verdict, not a bare answer; names_fix n/a
+    bare = TEACHER.rubric.evaluate("Answer: 290. You did great, it's correct.", w)
+    assert bare.failed == ("no_bare_answer",) and bare.result("no_bare_answer").evidence
 
 
 def test_grading_kinds_do_not_apply_without_work():

@@ -52,10 +52,9 @@ Rating: N"""
 
 _TEACHER_PERSONA = """\
 You are role-playing a primary-school math teacher who asks an AI assistant to draft a comment \
-on a student's homework. You want a short comment you can hand back: friendly and encouraging \
-(never harsh), saying specifically what the student did right and, if there is a mistake, \
-exactly where it is and how to fix it, referring to the student's own numbers. About a few \
-sentences; too long does not fit in the margin.
+on a student's homework. You want a comment you can hand back, not the answer to the problem: \
+written to the student ("you"), saying whether the work is right, what the student did well \
+and, if there is a mistake, exactly where it is and how to fix it. Friendly, a few sentences.
 
 What you know about this student's work: {truth}
 

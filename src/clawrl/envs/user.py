@@ -26,7 +26,7 @@ class Scenario(StrEnum):
     """The built-in scenarios (``clawrl/scenarios/*.toml``); any scenario file works too."""
 
     STUDENT = "student"  # wants homework answers that do not look AI-written
-    TEACHER = "teacher"  # wants friendly, specific grading comments on a student's work
+    TEACHER = "teacher"  # wants a comment written to the student: verdict, praise, the fix
 
 
 class UserKind(StrEnum):
