@@ -181,3 +181,18 @@ def test_validation_split_never_touches_the_held_out_problems():
     assert not held & {p.question for p in val.train}
     assert not {p.question for p in val.held_out} & {p.question for p in val.train}
     assert {p.question for p in val.held_out} <= {p.question for p in plain.train}
+
+
+def test_the_demo_trains_combined_with_its_tuned_weights_unless_configured(tmp_path):
+    from clawrl.demo.runner import method_config
+
+    ran = method_config(load_config(None), "combine", DemoSettings(), tmp_path, 0)
+    assert ran.trainer.method.kind == "combine"
+    assert (ran.trainer.method.advantage.w_rl, ran.trainer.method.advantage.w_opd) == (0.25, 1.0)
+    (tmp_path / "c.toml").write_text(
+        '[trainer.method]\nkind = "combine"\nadvantage = { w_rl = 1.0, w_opd = 0.5 }\n'
+    )
+    mine = method_config(load_config(tmp_path / "c.toml"), "combine", DemoSettings(), tmp_path, 0)
+    assert (mine.trainer.method.advantage.w_rl, mine.trainer.method.advantage.w_opd) == (1.0, 0.5)
+    rl = method_config(load_config(None), "rl", DemoSettings(), tmp_path, 0)
+    assert rl.trainer.method.kind == "rl"
