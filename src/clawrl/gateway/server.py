@@ -18,7 +18,8 @@ from clawrl.errors import ConfigError
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening-ready TCP socket bound to ``host:port`` (port 0: a free one).
+    """A listening TCP socket bound to ``host:port`` (port 0: a free one); connections made
+    before the server accepts wait in its backlog.
 
     Raises:
         ConfigError: the address cannot be bound (in use, not local).
@@ -33,6 +34,9 @@ def bind_socket(host: str, port: int) -> socket.socket:
         # as headers + body waits ~40 ms for the client's delayed ACK (Nagle).
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.bind(addr)
+        # listen now, not when uvicorn starts: a client that connects as soon as the URL is
+        # printed waits in the backlog instead of being refused (uvicorn listens again, harmless)
+        sock.listen(2048)
     except OSError as e:
         raise ConfigError(f"cannot bind {host}:{port}: {e}") from e
     return sock
