@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from clawrl.engine.lora import MergedLora, UnsupportedAdapter, lora_deltas
 from clawrl.engine.sampling import is_greedy, processed_logprobs, sample_rows
 from clawrl.engine.types import Completion, EngineStats, FinishReason, SamplingParams, TokenEvent
 from clawrl.errors import ContextLengthError, EngineClosedError, EngineError
@@ -113,6 +114,7 @@ class TransformersEngine:
         # transformers >= 5.2x names the KV-cache argument ``cache`` (``past_key_values`` before)
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._lora = MergedLora(self.model)  # LoRA versions are served as merged weights
         self._inbox: queue.Queue[_GenRequest | _ScoreRequest | _SwapRequest | None] = queue.Queue()
         self._waiting: list[_GenRequest] = []
         self._scores: list[_ScoreRequest] = []
@@ -524,7 +526,10 @@ class TransformersEngine:
 
     def _run_score(self, req: _ScoreRequest) -> None:
         try:
-            if req.base and hasattr(self.model, "disable_adapter"):
+            if req.base and self._lora.active:  # the base weights, substituted for one pass
+                base = self._lora.base_parameters()
+                result = self._score_items(req.items, req.temperature, req.candidates, base)
+            elif req.base and hasattr(self.model, "disable_adapter"):
                 with self.model.disable_adapter():
                     result = self._score_items(req.items, req.temperature, req.candidates)
             else:
@@ -538,6 +543,7 @@ class TransformersEngine:
         items: list[tuple[list[int], list[int]]],
         temperature: float,
         candidates: list[int] | None = None,
+        parameters: dict[str, torch.Tensor] | None = None,
     ) -> list[list[float]]:
         seqs = [p + t for p, t in items]
         length = max(len(s) for s in seqs)
@@ -551,12 +557,16 @@ class TransformersEngine:
         # Left padding puts every target at the end of its row: only the last ``keep``
         # positions' logits are computed (the prompt's would cost [B, L, vocab] floats).
         keep = max(len(t) for _, t in items) + 1
-        logits = self.model(
-            input_ids=ids.to(self._device),
-            attention_mask=mask.to(self._device),
-            position_ids=positions.to(self._device),
-            logits_to_keep=keep,
-        ).logits
+        inputs = {
+            "input_ids": ids.to(self._device),
+            "attention_mask": mask.to(self._device),
+            "position_ids": positions.to(self._device),
+            "logits_to_keep": keep,
+        }
+        if parameters:  # e.g. the base weights in place of a merged LoRA version's
+            logits = torch.func.functional_call(self.model, parameters, (), inputs).logits
+        else:
+            logits = self.model(**inputs).logits
         offset = length - logits.shape[1]  # position of logits[:, 0] in the full sequence
         out: list[list[float]] = []
         for i, (p, t) in enumerate(items):
@@ -597,11 +607,22 @@ class TransformersEngine:
                     f"weights do not match the model: missing {result.missing_keys[:10]}, "
                     f"unexpected {result.unexpected_keys[:10]}"
                 )
+            self._lora.forget()  # these weights are whole: no LoRA base under them any more
             return
         path = Path(weights)
         if not (path / "adapter_config.json").is_file():
             raise ValueError(f"{path} is neither a state dict nor a PEFT adapter directory")
         from peft import PeftModel
+
+        if not isinstance(self.model, PeftModel):
+            try:  # plain LoRA: merged into the model's own weights (clawrl.engine.lora)
+                self._lora.apply(lora_deltas(path))
+                return
+            except UnsupportedAdapter as e:
+                log.info("serving %s through PEFT: %s", path, e)
+                if self._lora.active:  # back to the base weights under the PEFT wrapper
+                    self._lora.apply({})
+                    self._lora.forget()
 
         name = f"v{self.policy_version + 1}_{time.monotonic_ns()}"
         if isinstance(self.model, PeftModel):
