@@ -181,3 +181,36 @@ def test_token_logprobs_match_the_full_vocabulary_projection(policy):
     assert torch.allclose(ent[b.loss_mask], want_ent[b.loss_mask], atol=1e-4)
     # the earliest trained position is 2 (row 1's prompt has 3 tokens): earlier ones are 0
     assert bool((lp[:, :2] == 0).all())
+
+
+def test_chunked_projection_equals_the_whole_one_with_gradients(policy):
+    """Trained positions projected in checkpointed chunks: same log-probs, entropies and
+    gradients as projecting every position with the model's own head."""
+    from clawrl.trainer import collate, token_logprobs
+    from clawrl.trainer.batch import _decoder_and_head, _token_logprobs_whole
+
+    model = policy.model.double().train()
+    assert _decoder_and_head(model) is not None  # the chunked path is the one taken
+    samples = [
+        TrainSample([1, 2, 3, 4, 5, 6, 7, 8], [9, 10, 11], [-1.0] * 3, temperature=0.7),
+        TrainSample([1, 2, 3], [12, 13, 14, 15, 16], [-1.0] * 5, temperature=1.0),
+        TrainSample([4, 5, 6, 7, 8], [17], [-1.0], temperature=0.0),
+    ]
+    b = collate(samples)
+    weights = torch.linspace(-1, 1, b.loss_mask.numel(), dtype=torch.float64).view_as(b.loss_mask)
+    results = []
+    for run in ("whole", 2, 1000):
+        model.zero_grad()
+        if run == "whole":
+            temp = torch.tensor([0.7, 1.0, 1.0])
+            lp, ent = _token_logprobs_whole(model, b, temp)
+        else:
+            lp, ent = token_logprobs(model, b, chunk_tokens=run)
+        (lp * weights).sum().backward()
+        grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        results.append((lp.detach(), ent, grad))
+    model.float()
+    for lp, ent, grad in results[1:]:
+        assert torch.allclose(lp, results[0][0], atol=1e-10)
+        assert torch.allclose(ent, results[0][1], atol=1e-9)
+        assert torch.allclose(grad, results[0][2], atol=1e-10)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -79,22 +80,107 @@ def _episode_index(samples: list[TrainSample]) -> list[int]:
     return out
 
 
-def token_logprobs(model: torch.nn.Module, batch: Batch) -> tuple[Tensor, Tensor]:
+LOGIT_CHUNK_TOKENS = 256
+"""Trained positions projected to the vocabulary at once (:func:`token_logprobs`): the largest
+``[chunk, vocab]`` float32 tensor a step holds (256 x 49,152 x 4 bytes = 50 MB for SmolLM2)."""
+
+
+def _decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module] | None:
+    """``(decoder, lm_head)`` of a Hugging Face causal LM (through a PEFT wrapper), or ``None``
+    when the model's logits are not ``lm_head(decoder(...).last_hidden_state)`` as is (logit
+    soft-capping or scaling, a model without the usual layout)."""
+    get_base: Any = getattr(model, "get_base_model", None)
+    base: Any = get_base() if callable(get_base) else model
+    config = getattr(base, "config", None)
+    if config is None or any(
+        getattr(config, k, None) not in (None, 1.0)
+        for k in ("final_logit_softcapping", "logit_scale", "logits_scaling")
+    ):
+        return None
+    prefix = getattr(base, "base_model_prefix", "")
+    decoder = getattr(base, prefix, None) if prefix else None
+    get_head: Any = getattr(base, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    if not isinstance(decoder, torch.nn.Module) or not isinstance(head, torch.nn.Module):
+        return None
+    return decoder, head
+
+
+def _chunk_logprobs(
+    head: torch.nn.Module, hidden: Tensor, targets: Tensor, temperature: Tensor
+) -> tuple[Tensor, Tensor]:
+    """``[n]`` log-probs of ``targets`` and ``[n]`` entropies (no gradient) for ``[n, H]``
+    hidden states, at per-position ``temperature`` (``[n]``)."""
+    x = head(hidden).to(temperature.dtype)  # bf16 / fp16 logits: softmax in fp32
+    x = x / temperature[:, None]
+    lse = torch.logsumexp(x, dim=-1)
+    chosen = x.gather(-1, targets[:, None]).squeeze(-1) - lse
+    with torch.no_grad():
+        entropy = lse - (torch.softmax(x, dim=-1) * x).sum(-1)
+    return chosen, entropy
+
+
+def token_logprobs(
+    model: torch.nn.Module, batch: Batch, *, chunk_tokens: int = LOGIT_CHUNK_TOKENS
+) -> tuple[Tensor, Tensor]:
     """Log-probs of each next token under ``model`` at each row's sampling temperature.
 
-    Only positions from the batch's first completion token on are projected to the vocabulary
-    (``logits_to_keep``): prompt positions would otherwise cost ``[B, L, vocab]`` floats several
-    times over (log-softmax, entropy, autograd), which for long agent prompts is most of a
-    step's memory. Log-probs are ``x_a - logsumexp(x)`` rather than a gathered log-softmax,
-    and the entropy is computed row by row without gradient, so the only ``[B, K, vocab]``
-    tensors autograd keeps are the logits (and the temperature-scaled copy when a row's
-    temperature is not 1). Positions before ``start`` hold 0 in both outputs (they are never in
-    ``loss_mask``).
+    Only the trained positions (``loss_mask``) are projected to the vocabulary, ``chunk_tokens``
+    at a time, each chunk under activation checkpointing: the decoder runs once over the padded
+    batch, its hidden states at the trained positions (``[N, H]``, N = trained tokens) go through
+    the output layer chunk by chunk, and the backward pass recomputes a chunk's logits instead
+    of keeping them. So no ``[B, L, vocab]`` (or ``[N, vocab]``) tensor ever exists: a step's
+    logit memory is one ``[chunk, vocab]`` float32 block, whatever the prompts' lengths, where
+    projecting every position from the batch's first completion token on cost
+    ``B x K x vocab`` floats several times over (K spans the other rows' prompts and padding).
+    The price is one more output-layer matmul per trained token in the backward pass. Log-probs
+    are ``x_a - logsumexp(x)`` with ``x = logits / T``; entropies ``H = lse - sum(p * x)`` are
+    computed without gradient. A model whose logits are not ``lm_head(last_hidden_state)``
+    (soft-capping, logit scaling, an unusual layout) is projected whole instead.
 
     Returns:
-        ``([B, L-1] log-probs with gradient, [B, L-1] entropy without gradient)``. Greedy rows
-        (temperature 0) use temperature 1, matching the engine (``clawrl.engine.sampling``).
+        ``([B, L-1] log-probs with gradient, [B, L-1] entropy without gradient)``, 0 outside
+        ``loss_mask``. Greedy rows (temperature 0) use temperature 1, matching the engine
+        (``clawrl.engine.sampling``).
     """
+    greedy = batch.temperature < GREEDY_BELOW  # as the engine: such rows are scored at 1
+    temp = torch.where(greedy, torch.ones_like(batch.temperature), batch.temperature)
+    parts = _decoder_and_head(model)
+    if parts is None:
+        return _token_logprobs_whole(model, batch, temp)
+    decoder, head = parts
+    hidden = decoder(
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
+    ).last_hidden_state  # [B, L, H]
+    rows, cols = batch.loss_mask.nonzero(as_tuple=True)  # position t predicts input_ids[t + 1]
+    picked = hidden[rows, cols]  # [N, H]
+    targets = batch.input_ids[rows, cols + 1]
+    dtype = torch.float64 if picked.dtype == torch.float64 else torch.float32  # of the softmax
+    row_temp = temp[rows].to(dtype)  # [N]
+    chosen_parts, entropy_parts = [], []
+    step = max(1, int(chunk_tokens))
+    for s in range(0, picked.shape[0], step):
+        args = (head, picked[s : s + step], targets[s : s + step], row_temp[s : s + step])
+        if torch.is_grad_enabled():
+            lp, ent = torch.utils.checkpoint.checkpoint(_chunk_logprobs, *args, use_reentrant=False)
+        else:
+            lp, ent = _chunk_logprobs(*args)
+        chosen_parts.append(lp)
+        entropy_parts.append(ent)
+    shape = batch.loss_mask.shape
+    chosen = torch.zeros(shape, dtype=dtype, device=picked.device)
+    entropy = torch.zeros(shape, dtype=dtype, device=picked.device)
+    if chosen_parts:
+        chosen = chosen.index_put((rows, cols), torch.cat(chosen_parts))
+        entropy[rows, cols] = torch.cat(entropy_parts).detach()
+    return chosen, entropy
+
+
+def _token_logprobs_whole(
+    model: torch.nn.Module, batch: Batch, temp: Tensor
+) -> tuple[Tensor, Tensor]:
+    """:func:`token_logprobs` for models whose logits need the model's own head: every position
+    from the batch's first completion token on is projected (``logits_to_keep``)."""
     length = batch.input_ids.shape[1]
     cols = batch.loss_mask.any(0).nonzero()
     start = int(cols[0]) if cols.numel() else 0  # first next-token position any row trains
@@ -104,15 +190,11 @@ def token_logprobs(model: torch.nn.Module, batch: Batch) -> tuple[Tensor, Tensor
     ).logits
     if logits.shape[1] != keep:  # a model that ignores logits_to_keep returns every position
         logits = logits[:, -keep:]
-    greedy = batch.temperature < GREEDY_BELOW  # as the engine: such rows are scored at 1
-    temp = torch.where(greedy, torch.ones_like(batch.temperature), batch.temperature)
     x = logits[:, :-1, :]
     if x.dtype not in (torch.float32, torch.float64):  # bf16 / fp16 logits: softmax in fp32
         x = x.float()
     if bool((temp != 1).any()):
         x = x / temp[:, None, None]
-    # log p(a) = x_a - logsumexp(x): unlike log_softmax, nothing [B, K, vocab] is kept for the
-    # backward pass beyond the logits themselves (logsumexp saves its input by reference).
     lse = torch.logsumexp(x, dim=-1)
     chosen = x.gather(-1, batch.input_ids[:, start + 1 :, None]).squeeze(-1) - lse
     with torch.no_grad():  # H = lse - sum(p * x), one row at a time: [K, vocab] temporaries
@@ -120,4 +202,5 @@ def token_logprobs(model: torch.nn.Module, batch: Batch) -> tuple[Tensor, Tensor
             [lse[b] - (torch.softmax(x[b], dim=-1) * x[b]).sum(-1) for b in range(x.shape[0])]
         )
     pad = (start, 0)  # left-pad the prompt positions back: outputs are [B, L-1]
-    return torch.nn.functional.pad(chosen, pad), torch.nn.functional.pad(entropy, pad)
+    chosen = torch.nn.functional.pad(chosen, pad) * batch.loss_mask
+    return chosen, torch.nn.functional.pad(entropy, pad) * batch.loss_mask
