@@ -84,6 +84,10 @@ class DemoSettings:
     validation: bool = False
 
 
+SESSIONS_PER_POOL = 8
+"""Training sessions offered to one pool of simulated users, per session slot (the pool stops
+starting sessions once the next evaluation step is reached)."""
+
 VALIDATION_SALT = 1_000_003
 """Added to the seed to carve the validation problems out of the training split."""
 
@@ -317,22 +321,31 @@ def run_method(
             def reached(t: int = target) -> bool:
                 return service.status().steps >= t
 
+            def finished(log: SessionLog, t: int = target) -> None:
+                logs.append(log)  # finish order for the live dashboard; start order below
+                result.sessions += 1
+                progress("sessions", {"method": method, "seed": seed, "sessions": result.sessions,
+                                      "status": service.status(), "target": t})  # fmt: skip
+
+            def stop(t: int = target, end: float = deadline) -> bool:
+                return reached(t) or time.monotonic() > end
+
             while not reached():
                 if time.monotonic() > deadline:
                     result.note = f"stopped at step {service.status().steps}: time budget spent"
                     break
+                # a pool, not waves: a new session starts as soon as one ends, so the engine
+                # keeps ``concurrency`` sessions decoding instead of waiting for a wave's slowest
                 batch = [train_problems[(cursor + i) % len(train_problems)]
-                         for i in range(settings.concurrency)]  # fmt: skip
-                cursor += settings.concurrency
+                         for i in range(settings.concurrency * SESSIONS_PER_POOL)]  # fmt: skip
+                start = len(logs)
                 done = run_sessions(
                     server.url, user, batch, concurrency=settings.concurrency,
                     temperature=temperature, max_tokens=max_tokens, max_turns=max_turns,
-                    session_prefix=f"sim-{method}-{seed}-", should_stop=reached,
+                    session_prefix=f"sim-{method}-{seed}-", should_stop=stop, progress=finished,
                 )  # fmt: skip
-                logs.extend(done)
-                result.sessions += len(done)
-                progress("sessions", {"method": method, "seed": seed, "sessions": result.sessions,
-                                      "status": service.status(), "target": target})  # fmt: skip
+                logs[start:] = done  # the sessions that ran, in the order they started
+                cursor += len(done)
             if result.note:
                 break
             _wait_idle(service, target)
