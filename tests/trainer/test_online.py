@@ -66,6 +66,27 @@ def test_hint_goes_on_the_last_non_assistant_message():
     assert out[0] == msgs[0] and out[2] == msgs[2]
 
 
+def test_a_system_placed_hint_joins_the_system_message_or_opens_one():
+    user, answer = ChatMessage(role="user", content="q"), ChatMessage(role="assistant", content="a")
+    with_system = [ChatMessage(role="system", content="sys"), user, answer]
+    out = hinted_messages(with_system, " use fewer words ", "system")
+    assert out[0].content == "sys\n\nKeep in mind what the user asked for: use fewer words"
+    assert out[1:] == [user, answer]
+    out = hinted_messages([user, answer], "use fewer words", "system")
+    assert out == [ChatMessage(role="system", content="Keep in mind what the user asked for: "
+                               "use fewer words"), user, answer]  # fmt: skip
+
+
+def test_the_methods_pass_their_hint_placement_to_the_learner():
+    from clawrl.config import load_config
+
+    cfg = load_config(None, ['trainer.method={kind="combine", hint_placement="system"}'])
+    assert cfg.trainer.method.needs.hint_placement == "system"
+    assert load_config(None, ['trainer.method="opd"']).trainer.method.needs.hint_placement == "user"
+    with pytest.raises(Exception, match="hint_placement"):
+        load_config(None, ['trainer.method={kind="opd", hint_placement="middle"}'])
+
+
 def test_combine_step_trains_publishes_and_counts_drops(world):
     policy, engine, store, tmp = world
     good = _record(policy, engine, store, 2, score=1)

@@ -31,6 +31,7 @@ from clawrl.config.method import (
     BinaryRLMethod,
     CombinedMethod,
     GRPOMethod,
+    HintPlacement,
     MethodConfig,
     OffMethod,
     OPDMethod,
@@ -51,6 +52,7 @@ __all__ = [
     "Config",
     "EngineConfig",
     "GRPOMethod",
+    "HintPlacement",
     "MethodConfig",
     "ModelConfig",
     "OPDMethod",
@@ -93,12 +95,36 @@ class ModelConfig(_Section):
 class EngineConfig(_Section):
     """The token-level engine."""
 
-    backend: Literal["transformers"] = Field(
-        "transformers", description="Generation backend (in-process transformers)."
+    backend: Literal["transformers", "vllm"] = Field(
+        "transformers",
+        description="Generation backend: the in-process transformers engine, or vLLM servers "
+        "(clawrl.engine.vllm: the servers in vllm_urls, or one clawrl launches).",
     )
-    max_batch: int = Field(32, ge=1, le=1024, description="Most sequences decoded together.")
+    max_batch: int = Field(
+        32, ge=1, le=1024, description="Most sequences decoded together (in-process engine)."
+    )
     max_context: int | None = Field(
         None, ge=16, description="Context window in tokens; default: the model's own."
+    )
+    vllm_urls: list[str] = Field(
+        default_factory=list,
+        description="Running vLLM servers (replicas) to serve through; empty: clawrl launches "
+        "one (backend vllm).",
+    )
+    vllm_python: str | None = Field(
+        None,
+        description="Python with vLLM installed, for the server clawrl launches (default: "
+        "$CLAWRL_VLLM_PYTHON, else .vllm/bin/python from scripts/install_vllm.sh).",
+    )
+    vllm_args: list[str] = Field(
+        default_factory=list,
+        description="More flags for the vLLM server clawrl launches (e.g. --tensor-parallel-size).",
+    )
+    vllm_startup_timeout_s: float = Field(
+        900.0, gt=0, description="Seconds to wait for a launched vLLM server to become healthy."
+    )
+    vllm_api_key: str | None = Field(
+        None, description="Bearer key of vLLM servers started with --api-key."
     )
 
 

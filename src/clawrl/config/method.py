@@ -55,6 +55,10 @@ from clawrl.algorithms.config import (
 Teacher = Literal["policy", "base"]
 """The OPD teacher: the current policy, or the frozen base weights (LoRA disabled)."""
 
+HintPlacement = Literal["user", "system"]
+"""Where the OPD teacher's prompt carries the hint: appended to the last user (or tool)
+message, or in the system message (:func:`clawrl.trainer.online.hinted_messages`)."""
+
 Evidence = Literal["reward", "hint"]
 """What a judged turn can offer a method: a judge score used as reward, or a hindsight hint."""
 
@@ -69,6 +73,7 @@ class SampleNeeds:
         uses_hint: a hint is turned into teacher log-probs (OPD).
         zero_is_reward: a score of 0 counts as a reward (Binary RL's ``train_on_zero``).
         teacher: which weights score the hint-enhanced prompt (``None``: no teacher).
+        hint_placement: where the teacher's prompt carries the hint.
         group: samples carry a group id and the episode they belong to (GRPO).
     """
 
@@ -77,6 +82,7 @@ class SampleNeeds:
     uses_hint: bool = False
     zero_is_reward: bool = False
     teacher: Teacher | None = None
+    hint_placement: HintPlacement = "user"
     group: bool = False
 
 
@@ -137,11 +143,19 @@ class OPDMethod(_Trained):
     teacher: Teacher = Field(
         "policy", description="OPD teacher: the current policy or the frozen base weights."
     )
+    hint_placement: HintPlacement = Field(
+        "user",
+        description="Where the teacher's prompt carries the hint: appended to the last user or "
+        "tool message (user), or in the system message (system).",
+    )
 
     @property
     def needs(self) -> SampleNeeds:
         """A hint, scored by the teacher."""
-        return SampleNeeds(any_of=("hint",), uses_hint=True, teacher=self.teacher)
+        return SampleNeeds(
+            any_of=("hint",), uses_hint=True, teacher=self.teacher,
+            hint_placement=self.hint_placement,
+        )  # fmt: skip
 
 
 class CombinedMethod(_Trained):
@@ -151,6 +165,11 @@ class CombinedMethod(_Trained):
     advantage: CombinedAdvantage = Field(default_factory=CombinedAdvantage)
     teacher: Teacher = Field(
         "policy", description="OPD teacher: the current policy or the frozen base weights."
+    )
+    hint_placement: HintPlacement = Field(
+        "user",
+        description="Where the teacher's prompt carries the hint: appended to the last user or "
+        "tool message (user), or in the system message (system).",
     )
     train_on_zero: bool = Field(False, description="Keep score-0 turns without a hint as samples.")
 
@@ -163,6 +182,7 @@ class CombinedMethod(_Trained):
             uses_hint=True,
             zero_is_reward=self.train_on_zero,
             teacher=self.teacher,
+            hint_placement=self.hint_placement,
         )
 
 

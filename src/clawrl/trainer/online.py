@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clawrl.chat import ChatMessage, ToolSpec, render_prompt
-from clawrl.config import SampleNeeds, TrainerConfig
+from clawrl.config import HintPlacement, SampleNeeds, TrainerConfig
 from clawrl.engine import Engine
 from clawrl.errors import ClawrlError
 from clawrl.store import (
@@ -58,11 +58,26 @@ from clawrl.trainer.types import TrainSample
 log = logging.getLogger(__name__)
 
 HINT_TEMPLATE = "\n\n[Hint: {hint}]"
+SYSTEM_HINT_TEMPLATE = "Keep in mind what the user asked for: {hint}"
 
 
-def hinted_messages(messages: list[ChatMessage], hint: str) -> list[ChatMessage]:
-    """The turn's messages with the hint appended to the last non-assistant message."""
+def hinted_messages(
+    messages: list[ChatMessage], hint: str, placement: HintPlacement = "user"
+) -> list[ChatMessage]:
+    """The turn's messages with the hint where ``placement`` says.
+
+    * ``user``: appended to the last non-assistant message (``\n\n[Hint: HINT]``);
+    * ``system``: in the system message (appended to the first one, or a new one first):
+      ``Keep in mind what the user asked for: HINT``.
+    """
     out = list(messages)
+    if placement == "system":
+        text = SYSTEM_HINT_TEMPLATE.format(hint=hint.strip())
+        for i, m in enumerate(out):
+            if m.role == "system":
+                out[i] = m.model_copy(update={"content": f"{m.content or ''}\n\n{text}".strip()})
+                return out
+        return [ChatMessage(role="system", content=text), *out]
     for i in range(len(out) - 1, -1, -1):
         m = out[i]
         if m.role != "assistant":
@@ -187,7 +202,8 @@ class OnlineLearner:
     async def _teacher_logprobs(self, turn: TurnRecord, hint: str) -> list[float]:
         messages = [ChatMessage.model_validate(m) for m in turn.request_messages]
         tools = [ToolSpec.model_validate(t) for t in (turn.tools or [])] or None
-        prompt = render_prompt(self.tokenizer, hinted_messages(messages, hint), tools)
+        placement = self.needs.hint_placement
+        prompt = render_prompt(self.tokenizer, hinted_messages(messages, hint, placement), tools)
         temperature = float(turn.sampling_params.get("temperature", 1.0))
         return await self.engine.score(
             prompt.token_ids,
