@@ -1,6 +1,7 @@
 # clawrl: two commands for a fresh machine (see README.md)
 #   make demo   create .venv, install, run the main job on the embedded model
-#   make test   create .venv, install dev extras, bubblewrap and chromium, run ruff, mypy and pytest
+#   make test   create .venv, install dev extras, vLLM (.vllm/), bubblewrap and chromium, run ruff,
+#               mypy and pytest
 #
 # GPU machines: override the torch requirement, e.g. `make demo TORCH_SPEC=torch` installs
 # PyPI's default (CUDA) build instead of the pinned CPU build.
@@ -23,7 +24,7 @@ define apt_need
   fi; }
 endef
 
-.PHONY: demo test install dev lint harnesses sandbox browser e2e typecheck bench clean
+.PHONY: demo test install dev lint harnesses vllm sandbox browser e2e typecheck bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +58,12 @@ lint: $(VENV)/.dev
 harnesses:
 	scripts/install_harnesses.sh || echo "WARNING: harness install failed; tests/e2e will be skipped"
 
+# vLLM's CPU build for the vLLM engine backend and its tests, into .vllm/ (its own venv: vLLM pins
+# its own torch and transformers; ~1.5 min and 3.5 GB the first time). If the install fails, the
+# tests that need a real vLLM server fail, unless CLAWRL_ALLOW_NO_VLLM=1 skips them explicitly.
+vllm:
+	scripts/install_vllm.sh || echo "WARNING: vLLM install failed; the vLLM tests will fail (CLAWRL_ALLOW_NO_VLLM=1 skips them)"
+
 # bubblewrap for the harness sandbox (Debian's package; apt-get needs root). Without it the
 # containment tests fail, unless CLAWRL_ALLOW_NO_BWRAP=1 skips them explicitly.
 sandbox:
@@ -73,7 +80,7 @@ browser:
 e2e: $(VENV)/.dev harnesses
 	$(BIN)/pytest -q -m e2e tests/e2e
 
-test: lint harnesses sandbox browser
+test: lint harnesses vllm sandbox browser
 	$(BIN)/pytest -q
 
 typecheck: $(VENV)/.dev

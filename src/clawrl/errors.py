@@ -65,6 +65,11 @@ class EngineClosedError(EngineError):
     """The engine has been shut down and takes no more requests."""
 
 
+class EngineUnavailableError(EngineError):
+    """No engine replica could serve the request, or the one serving it died (HTTP 503: the
+    client may retry; the turn is recorded incomplete)."""
+
+
 class StoreError(ClawrlError):
     """The trajectory store could not read or write a record."""
 

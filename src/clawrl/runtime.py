@@ -58,7 +58,36 @@ def _transformers_engine(policy: Any, config: Config) -> Engine:
     return TransformersEngine.from_policy(policy, **kwargs)
 
 
+def _vllm_engine(policy: Any, config: Config) -> Engine:
+    """vLLM servers: those in ``engine.vllm_urls``, or one launched here over the policy's
+    model directory (stopped when the engine closes)."""
+    from clawrl.engine.vllm import VLLMEngine, VLLMServer
+
+    ec = config.engine
+    urls = list(ec.vllm_urls)
+    on_close = None
+    if not urls:
+        if getattr(policy, "path", None) is None:
+            raise ConfigError("launching vLLM needs a model directory (engine.vllm_urls is empty)")
+        server = VLLMServer(
+            policy.path, python=ec.vllm_python, run_dir=Path(config.trainer.output_dir) / "vllm",
+            max_lora_rank=config.trainer.lora_rank, extra_args=ec.vllm_args,
+            startup_timeout_s=ec.vllm_startup_timeout_s,
+        )  # fmt: skip
+        urls, on_close = [server.start()], server.stop
+    try:
+        return VLLMEngine(
+            urls, policy.tokenizer, max_context=ec.max_context, api_key=ec.vllm_api_key,
+            publish_dir=Path(config.trainer.output_dir) / "vllm-weights", on_close=on_close,
+        )  # fmt: skip
+    except BaseException:
+        if on_close is not None:
+            on_close()
+        raise
+
+
 ENGINE_BACKENDS["transformers"] = _transformers_engine
+ENGINE_BACKENDS["vllm"] = _vllm_engine
 
 
 def build_engine(policy: Any, config: Config) -> Engine:
@@ -117,7 +146,11 @@ def build_judge(config: Config) -> JudgeBundle:
         if not isinstance(jc.backend, HeadJudgeConfig):  # the head reads the model itself
             # the judge reads whole turns plus their next state: its own model's window, not
             # the policy's engine.max_context
-            own_window = config.engine.model_copy(update={"max_context": None})
+            # in-process unless judge.vllm_urls names servers of the judge model
+            own_window = config.engine.model_copy(update={
+                "max_context": None, "vllm_urls": list(jc.vllm_urls),
+                "backend": "vllm" if jc.vllm_urls else "transformers",
+            })  # fmt: skip
             engine = build_engine(judge_policy, config.model_copy(update={"engine": own_window}))
     try:
         backend = build_backend(

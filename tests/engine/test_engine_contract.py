@@ -68,12 +68,46 @@ def _scripted() -> Iterator[Case]:
     engine.close()
 
 
-BACKENDS = {"transformers": _transformers, "scripted": _scripted}
+def _vllm(request: pytest.FixtureRequest) -> Iterator[Case]:
+    """A real vLLM server (the session's ``vllm_server``) on the embedded model; versions are
+    LoRA adapters with non-zero B, published as the trainer publishes them."""
+    import copy
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from clawrl.engine.vllm import VLLMEngine
+
+    server = request.getfixturevalue("vllm_server")
+    policy = request.getfixturevalue("embedded_policy")
+    root = request.getfixturevalue("tmp_path")
+    engine = VLLMEngine([server.url], policy.tokenizer)
+
+    def weights(version: int) -> str:
+        cfg = LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM")
+        model = get_peft_model(copy.deepcopy(policy.model), cfg)
+        gen = torch.Generator().manual_seed(version)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.copy_(0.01 * torch.randn(p.shape, generator=gen))
+        model.save_pretrained(str(root / f"v{version}"))
+        return str(root / f"v{version}")
+
+    yield Case(engine, policy.tokenizer, weights)
+    engine.close()
+
+
+BACKENDS: dict[str, Callable[[pytest.FixtureRequest], Iterator[Case]]] = {
+    "transformers": lambda request: _transformers(),
+    "scripted": lambda request: _scripted(),
+    "vllm": _vllm,
+}
 
 
 @pytest.fixture(params=list(BACKENDS))
 def case(request) -> Iterator[Case]:
-    yield from BACKENDS[request.param]()
+    yield from BACKENDS[request.param](request)
 
 
 def _prompt(case: Case, text: str = "What is 2 + 2?") -> list[int]:

@@ -40,6 +40,23 @@ _KIND_FLAGS = {"ratio": ("loss", "ratio"), "aggregation": ("loss", "aggregation"
 """flag dest -> path of a union inside ``trainer.method`` set to ``{kind = VALUE}``."""
 
 
+def add_engine_options(p: argparse.ArgumentParser) -> None:
+    """``--engine`` and the vLLM backend's flags (settings ``engine.*``)."""
+    g = p.add_argument_group("engine (policy serving)")
+    g.add_argument("--engine", choices=["transformers", "vllm"],
+                   help="in-process transformers (default), or vLLM servers")  # fmt: skip
+    g.add_argument("--vllm-url", action="append", metavar="URL",
+                   help="a running vLLM server started with --logprobs-mode processed_logprobs "
+                   "and --enable-lora (repeatable: replicas, balanced); without it clawrl "
+                   "launches one")  # fmt: skip
+    g.add_argument("--vllm-arg", action="append", metavar="ARG",
+                   help="a flag for the vLLM server clawrl launches, e.g. "
+                   "--vllm-arg=--tensor-parallel-size --vllm-arg=2 (repeatable)")  # fmt: skip
+    g.add_argument("--vllm-python", metavar="PATH",
+                   help="Python with vLLM for the launched server (default .vllm/bin/python, "
+                   "made by scripts/install_vllm.sh)")  # fmt: skip
+
+
 def add_method_option(
     g: argparse._ArgumentGroup, choices: Sequence[str], default_help: str
 ) -> None:
@@ -191,6 +208,17 @@ def apply_flags(
             if not isinstance(method, dict):
                 method = trainer["method"] = {}
             _put(method, path, {"kind": value})
+    engine = data.setdefault("engine", {})
+    if getattr(args, "engine", None):
+        engine["backend"] = args.engine
+    for flag, key in (("vllm_url", "vllm_urls"), ("vllm_arg", "vllm_args")):
+        values = getattr(args, flag, None)
+        if values:
+            engine[key] = list(values)
+    if getattr(args, "vllm_python", None):
+        engine["vllm_python"] = args.vllm_python
+    if (engine.get("vllm_urls") or engine.get("vllm_args")) and "backend" not in engine:
+        engine["backend"] = "vllm"
     judge = data.setdefault("judge", {})
     if getattr(args, "judge", None):
         backend: dict[str, Any] = {"kind": args.judge}

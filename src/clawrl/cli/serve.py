@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from clawrl.cli.common import add_config_options, quiet_transformers
-from clawrl.cli.options import add_online_options, config_with_flags
+from clawrl.cli.options import add_engine_options, add_online_options, config_with_flags
 from clawrl.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -33,7 +33,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "training). Every call is recorded token-exactly in the store and printed as one "
         "console line (--quiet: none). Binding an "
         f"address other than loopback needs an API key (--api-key or ${API_KEY_ENV}).",
-        epilog="example: clawrl serve --model smollm2-135m --port 8000 --store clawrl.db",
+        epilog="examples:\n"
+        "  clawrl serve --model smollm2-135m --port 8000 --store clawrl.db\n"
+        "  clawrl serve --engine vllm --method combine        # clawrl launches a vLLM server\n"
+        "  clawrl serve --vllm-url http://gpu1:8000 --vllm-url http://gpu2:8000 --method rl",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--model", help="model spec (default: smollm2-135m, the embedded model)")
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
@@ -55,6 +59,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="no console line per request (by default each recorded call prints one: time, "
         "API, session, turn, prompt+completion tokens, latency, policy version, status)",
     )
+    add_engine_options(p)
     add_online_options(p)
     add_config_options(p)
     p.set_defaults(func=run)

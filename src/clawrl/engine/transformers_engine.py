@@ -29,10 +29,11 @@ from typing import Any
 
 import torch
 
+from clawrl.engine import inputs
 from clawrl.engine.lora import MergedLora, UnsupportedAdapter, lora_deltas
 from clawrl.engine.sampling import is_greedy, processed_logprobs, sample_rows
 from clawrl.engine.types import Completion, EngineStats, FinishReason, SamplingParams, TokenEvent
-from clawrl.errors import ContextLengthError, EngineClosedError, EngineError
+from clawrl.errors import EngineClosedError, EngineError
 
 log = logging.getLogger(__name__)
 
@@ -208,11 +209,7 @@ class TransformersEngine:
     def _submit_gen(
         self, prompt_ids: Sequence[int], params: SamplingParams, loop: asyncio.AbstractEventLoop
     ) -> _GenRequest:
-        prompt = [int(i) for i in prompt_ids]
-        if not prompt:
-            raise EngineError("empty prompt: at least one token id is required")
-        if len(prompt) >= self.max_context:
-            raise ContextLengthError(len(prompt), self.max_context)
+        prompt = inputs.prompt_ids(prompt_ids, self.max_context)
         if self._closed:
             raise EngineClosedError("engine is closed")
         q: asyncio.Queue[TokenEvent | BaseException] = asyncio.Queue()
@@ -254,14 +251,7 @@ class TransformersEngine:
         Raises:
             ContextLengthError: a pair is longer than the context window.
         """
-        norm = []
-        for p, t in items:
-            p2, t2 = [int(i) for i in p], [int(i) for i in t]
-            if not p2:
-                raise EngineError("score needs a non-empty prompt")
-            if len(p2) + len(t2) > self.max_context:
-                raise ContextLengthError(len(p2) + len(t2), self.max_context)
-            norm.append((p2, t2))
+        norm = inputs.score_items(items, self.max_context)
         if self._closed:
             raise EngineClosedError("engine is closed")
         fut: concurrent.futures.Future[list[list[float]]] = concurrent.futures.Future()
@@ -285,14 +275,8 @@ class TransformersEngine:
         Raises:
             ContextLengthError: a prompt does not fit the context window.
         """
-        norm = []
-        for p in prompts:
-            ids = [int(i) for i in p]
-            if not ids:
-                raise EngineError("score_next_batch needs non-empty prompts")
-            if len(ids) + 1 > self.max_context:
-                raise ContextLengthError(len(ids) + 1, self.max_context)
-            norm.append((ids, [int(candidates[0])] if candidates else []))
+        first = [int(candidates[0])] if candidates else []
+        norm = [(ids, first) for ids in inputs.next_token_prompts(prompts, self.max_context)]
         if self._closed:
             raise EngineClosedError("engine is closed")
         fut: concurrent.futures.Future[list[list[float]]] = concurrent.futures.Future()

@@ -16,6 +16,7 @@ request validation (pydantic)     400     ``invalid_request_error``  ``validatio
 malformed JSON body               400     ``invalid_request_error``  ``invalid_json``
 unknown route / method            404/405 ``invalid_request_error``  ``not_found`` / ...
 ``EngineClosedError``             503     ``server_error``           ``engine_closed``
+``EngineUnavailableError``        503     ``server_error``           ``engine_unavailable``
 ``EngineError``                   500     ``server_error``           ``engine``
 ``StoreError``                    500     ``server_error``           ``store``
 anything else                     500     ``server_error``           ``internal``
@@ -37,6 +38,7 @@ from clawrl.errors import (
     ContextLengthError,
     EngineClosedError,
     EngineError,
+    EngineUnavailableError,
     StoreError,
 )
 
@@ -67,6 +69,8 @@ def error_kind(exc: BaseException) -> str:
         return exc.code or "client_input"
     if isinstance(exc, EngineClosedError):
         return "engine_closed"
+    if isinstance(exc, EngineUnavailableError):
+        return "engine_unavailable"
     if isinstance(exc, EngineError):
         return "engine"
     if isinstance(exc, StoreError):
@@ -85,6 +89,10 @@ def status_and_body(exc: BaseException) -> tuple[int, dict[str, Any]]:
     if isinstance(exc, EngineClosedError):
         return 503, error_body(
             f"the engine is shut down: {exc}", "server_error", code="unavailable"
+        )
+    if isinstance(exc, EngineUnavailableError):
+        return 503, error_body(
+            f"the engine is unavailable, retry: {exc}", "server_error", code="unavailable"
         )
     if isinstance(exc, EngineError):
         return 500, error_body(f"generation failed: {exc}", "server_error", code="engine_error")

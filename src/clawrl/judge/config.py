@@ -97,6 +97,12 @@ class JudgeConfig(_Section):
     model: str | None = Field(
         default=None, description="Local judge model spec; None: the policy's base weights."
     )
+    vllm_urls: list[str] = Field(
+        default_factory=list,
+        description="vLLM servers that serve the judge model (a local choice or generative "
+        "judge); empty: the judge runs in-process. May be the policy's own servers when the "
+        "judge is the policy's base model.",
+    )
     votes: int = Field(default=5, ge=1, le=32, description="Independent votes per judgment (m).")
     timeout_s: float = Field(
         default=60.0, gt=0.0, le=3600.0, description="Wall-clock limit of one judgment (seconds)."

@@ -1,0 +1,61 @@
+"""Checks every engine backend makes on its inputs before any work: the same errors for the
+same bad input, whichever engine serves (the contract suite relies on it)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from clawrl.errors import ContextLengthError, EngineError
+
+
+def prompt_ids(prompt: Sequence[int], max_context: int) -> list[int]:
+    """``prompt`` as ints, with room for at least one new token.
+
+    Raises:
+        EngineError: the prompt is empty.
+        ContextLengthError: ``len(prompt) >= max_context``.
+    """
+    ids = [int(i) for i in prompt]
+    if not ids:
+        raise EngineError("empty prompt: at least one token id is required")
+    if len(ids) >= max_context:
+        raise ContextLengthError(len(ids), max_context)
+    return ids
+
+
+def score_items(
+    items: Sequence[tuple[Sequence[int], Sequence[int]]], max_context: int
+) -> list[tuple[list[int], list[int]]]:
+    """``(prompt_ids, target_ids)`` pairs as ints, each fitting the context window.
+
+    Raises:
+        EngineError: a prompt is empty.
+        ContextLengthError: a prompt plus its target is longer than ``max_context``.
+    """
+    out = []
+    for p, t in items:
+        prompt, target = [int(i) for i in p], [int(i) for i in t]
+        if not prompt:
+            raise EngineError("score needs a non-empty prompt")
+        if len(prompt) + len(target) > max_context:
+            raise ContextLengthError(len(prompt) + len(target), max_context)
+        out.append((prompt, target))
+    return out
+
+
+def next_token_prompts(prompts: Sequence[Sequence[int]], max_context: int) -> list[list[int]]:
+    """Prompts for next-token scoring as ints, each leaving room for one token.
+
+    Raises:
+        EngineError: a prompt is empty.
+        ContextLengthError: a prompt does not fit with one more token.
+    """
+    out = []
+    for p in prompts:
+        ids = [int(i) for i in p]
+        if not ids:
+            raise EngineError("score_next_batch needs non-empty prompts")
+        if len(ids) + 1 > max_context:
+            raise ContextLengthError(len(ids) + 1, max_context)
+        out.append(ids)
+    return out

@@ -1,0 +1,188 @@
+"""Launching and supervising one vLLM server for ``clawrl serve --engine vllm`` (no ``--vllm-url``).
+
+clawrl starts ``python -m vllm.entrypoints.openai.api_server`` (vLLM's own OpenAI-compatible
+server) from a Python that has vLLM installed (vLLM pins its own torch and transformers, so it
+usually lives in a virtual environment of its own: ``scripts/install_vllm.sh`` makes ``.vllm/``),
+waits until ``GET /health`` answers, writes the server's output to a log file, and stops it by
+its process group id. The flags clawrl needs are always set: the policy's model directory, a
+served name, loopback and a free port, ``--logprobs-mode processed_logprobs`` (the log-probs of
+the distribution sampled from), runtime LoRA (``--enable-lora``, ``--max-lora-rank``) and the
+dev-mode routes for weight reloads (``VLLM_SERVER_DEV_MODE=1``); anything else goes through
+``--vllm-arg`` (e.g. ``--tensor-parallel-size 2`` on GPUs). The CPU build's caches and sockets
+go into the run directory instead of ``/tmp`` and ``~/.cache``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import httpx
+
+from clawrl.errors import EngineError
+
+DEFAULT_ARGS: tuple[str, ...] = ("--enforce-eager",)
+"""Added unless ``--vllm-arg`` sets them: eager mode starts in ~40 s on a CPU (compiled: ~300 s)."""
+
+
+def default_vllm_python() -> str | None:
+    """The Python to run vLLM with: ``$CLAWRL_VLLM_PYTHON``, else ``.vllm/bin/python`` of the
+    checkout clawrl runs from (``scripts/install_vllm.sh``), else this Python when it has vLLM;
+    ``None`` when none is found."""
+    env = os.environ.get("CLAWRL_VLLM_PYTHON")
+    if env:
+        return env
+    repo = Path(__file__).resolve().parents[4]
+    local = repo / ".vllm" / "bin" / "python"
+    if local.is_file():
+        return str(local)
+    import importlib.util
+
+    return sys.executable if importlib.util.find_spec("vllm") is not None else None
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class VLLMServer:
+    """One vLLM server process that clawrl started and will stop.
+
+    Args:
+        model_dir: the policy's Hugging Face model directory.
+        python: a Python with vLLM (default :func:`default_vllm_python`).
+        run_dir: log file, caches and temporary files go here.
+        served_name: the base model's served name.
+        max_lora_rank: the largest LoRA rank the server accepts (the trainer's ``lora_rank``).
+        extra_args: more ``vllm serve`` flags, passed through as given.
+        host, port: where it listens (default loopback, a free port).
+        startup_timeout_s: seconds to wait for ``/health``.
+
+    Raises:
+        EngineError: no Python with vLLM was found.
+    """
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        python: str | None = None,
+        run_dir: str | Path,
+        served_name: str = "base",
+        max_lora_rank: int = 16,
+        extra_args: Sequence[str] = (),
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        startup_timeout_s: float = 900.0,
+    ) -> None:
+        exe = python or default_vllm_python()
+        if exe is None:
+            raise EngineError(
+                "no Python with vLLM found: run scripts/install_vllm.sh (installs vLLM's CPU "
+                "build into .vllm/), or pass --vllm-python / set CLAWRL_VLLM_PYTHON, or give "
+                "running servers with --vllm-url"
+            )
+        self.python = exe
+        self.model_dir = Path(model_dir)
+        self.run_dir = Path(run_dir)
+        self.served_name = served_name
+        self.host = host
+        self.port = port or free_port(host)
+        self.url = f"http://{host}:{self.port}"
+        self.log_path = self.run_dir / "vllm-server.log"
+        self.startup_timeout_s = startup_timeout_s
+        extra = list(extra_args)
+        self.args = [
+            "--model", str(self.model_dir), "--served-model-name", served_name,
+            "--host", host, "--port", str(self.port),
+            "--logprobs-mode", "processed_logprobs",
+            "--enable-lora", "--max-lora-rank", str(max_lora_rank), "--max-loras", "4",
+            *[a for a in DEFAULT_ARGS if a not in extra], *extra,
+        ]  # fmt: skip
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def command(self) -> list[str]:
+        """The command line that starts the server."""
+        return [self.python, "-m", "vllm.entrypoints.openai.api_server", *self.args]
+
+    def environment(self) -> dict[str, str]:
+        """The server's environment: this one, plus what clawrl needs (see the module doc)."""
+        cache = self.run_dir / "cache"
+        env = dict(os.environ)
+        env.update({
+            "VLLM_SERVER_DEV_MODE": "1",
+            "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+            "HF_HUB_OFFLINE": "1",
+            "TMPDIR": str(cache / "tmp"),
+            "VLLM_CACHE_ROOT": str(cache / "vllm"),
+            "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
+        })  # fmt: skip
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB of KV cache on the CPU build
+        return env
+
+    def start(self) -> str:
+        """Start the server and wait until it is healthy; returns its URL.
+
+        Raises:
+            EngineError: it exited or did not become healthy within ``startup_timeout_s``
+                (the message ends with the log's last lines).
+        """
+        env = self.environment()
+        for key in ("TMPDIR", "VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR"):
+            Path(env[key]).mkdir(parents=True, exist_ok=True)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
+            start_new_session=True,  # its own process group: stopped as one, by its id
+        )  # fmt: skip
+        log.close()
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            code = self.process.poll()
+            if code is not None:
+                raise EngineError(f"the vLLM server exited with status {code} while starting; "
+                                  f"{self.log_path}:\n{self.log_tail()}")  # fmt: skip
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
+                    return self.url
+            time.sleep(1.0)
+        self.stop()
+        raise EngineError(f"the vLLM server did not become healthy in {self.startup_timeout_s:.0f}"
+                          f" s; {self.log_path}:\n{self.log_tail()}")  # fmt: skip
+
+    def log_tail(self, lines: int = 30) -> str:
+        """The last ``lines`` lines of the server's log."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop the server's process group (SIGTERM, then SIGKILL after ``timeout_s``)."""
+        proc = self.process
+        if proc is None or proc.poll() is not None:
+            return
+        pgid = os.getpgid(proc.pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        with contextlib.suppress(ProcessLookupError):  # children left in the group
+            os.killpg(pgid, signal.SIGKILL)

@@ -1,0 +1,187 @@
+"""The vLLM engine against a real vLLM server (CPU build) serving the embedded model.
+
+Versions published by the real trainer are served with the trainer's log-probs; requests in
+flight finish on the version they started with; old adapters are unloaded once idle; full
+weights reload without aborting a request; a dying replica's requests end with an
+``EngineUnavailableError`` and the replica is taken back once it answers again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import time
+
+import httpx
+import pytest
+import torch
+
+from clawrl.config import TrainerConfig
+from clawrl.engine import SamplingParams
+from clawrl.engine.vllm import VLLMEngine
+from clawrl.errors import EngineUnavailableError
+from clawrl.trainer import Trainer, TrainSample, collate, token_logprobs
+
+pytestmark = pytest.mark.timeout(900)
+
+SERVED_LOGPROB_TOLERANCE = 1e-3
+"""Nats: a served version's log-probs vs the trainer's (float32 server and trainer)."""
+
+
+def _prompt(tokenizer, text: str = "What is 2+2?") -> list[int]:
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, return_dict=False
+    )
+
+
+def _adapters(vllm_server) -> list[str]:
+    models = httpx.get(f"{vllm_server.url}/v1/models").json()["data"]
+    return sorted(m["id"] for m in models if m.get("parent"))
+
+
+def test_published_versions_serve_the_trainers_logprobs(vllm_server, embedded_policy, tmp_path):
+    tok = embedded_policy.tokenizer
+    engine = VLLMEngine([vllm_server.url], tok)
+    trainer = Trainer(embedded_policy.model, TrainerConfig(method="rl", lr=1e-3), tmp_path)
+    prompt = _prompt(tok)
+    params = SamplingParams(max_tokens=12, temperature=0.8, seed=5, ignore_eos=True)
+    try:
+        for version in (1, 2):
+            c = asyncio.run(engine.generate(prompt, params))
+            sample = TrainSample(prompt, c.token_ids, c.logprobs, temperature=0.8, reward=1.0,
+                                 policy_version=version - 1, turn_id=f"t{version}")  # fmt: skip
+            trainer.train_step([sample])
+            assert trainer.publish(engine) == version
+            assert engine.load_policy  # the future resolves before the next request
+            deadline = time.monotonic() + 60
+            while engine.policy_version < version and time.monotonic() < deadline:
+                time.sleep(0.05)
+            served = asyncio.run(engine.generate(prompt, params))
+            assert served.policy_version == version
+            batch = collate([TrainSample(prompt, served.token_ids, served.logprobs, 0.8)])
+            with torch.no_grad():
+                trained, _ = token_logprobs(trainer.model.eval(), batch)
+            diff = (trained[batch.loss_mask] - torch.tensor(served.logprobs)).abs().max()
+            assert float(diff) < SERVED_LOGPROB_TOLERANCE, float(diff)
+            # the OPD teacher's scoring on the server equals the trainer's too, at T != 1
+            scored = asyncio.run(engine.score(prompt, served.token_ids, temperature=0.8))
+            assert max(abs(a - b) for a, b in zip(scored, served.logprobs, strict=True)) < 1e-4
+        # base=True scores with the base weights, not the published adapter
+        base = asyncio.run(engine.score(prompt, served.token_ids, temperature=0.8, base=True))
+        with torch.no_grad(), trainer.model.disable_adapter():
+            want, _ = token_logprobs(trainer.model, batch)
+        diff = (want[batch.loss_mask] - torch.tensor(base)).abs().max()
+        assert float(diff) < SERVED_LOGPROB_TOLERANCE
+    finally:
+        engine.close()
+    assert _adapters(vllm_server) == []  # a closed engine leaves no adapter on the server
+
+
+def test_requests_in_flight_keep_their_version_and_old_adapters_go(
+    vllm_server, embedded_policy, tmp_path
+):
+    tok = embedded_policy.tokenizer
+    engine = VLLMEngine([vllm_server.url], tok)
+    trainer = Trainer(embedded_policy.model, TrainerConfig(method="rl", lr=1e-3), tmp_path)
+    prompt = _prompt(tok)
+
+    async def go():
+        stream = engine.generate_stream(prompt, SamplingParams(max_tokens=40, ignore_eos=True))
+        first = await stream.__anext__()
+        published = [await asyncio.wrap_future(trainer_publish()) for _ in range(2)]
+        during = await engine.generate(prompt, SamplingParams(max_tokens=2))
+        rest = [ev async for ev in stream]
+        return first, rest, published, during
+
+    def trainer_publish():
+        trainer.policy_version = engine.policy_version
+        version = engine.policy_version + 1
+        return engine.load_policy(version, trainer.save_weights(version))
+
+    try:
+        first, rest, published, during = asyncio.run(go())
+        assert published == [1, 2] and during.policy_version == 2
+        assert len(rest) == 39 and {first.policy_version, *(e.policy_version for e in rest)} == {0}
+        deadline = time.monotonic() + 10
+        while len(_adapters(vllm_server)) > 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _adapters(vllm_server) == [f"clawrl-{engine._run}-v2"]  # v1 went once idle
+    finally:
+        engine.close()
+
+
+def test_full_weights_reload_without_aborting(vllm_server, embedded_policy, tmp_path):
+    tok = embedded_policy.tokenizer
+    engine = VLLMEngine([vllm_server.url], tok, publish_dir=tmp_path)
+    prompt = _prompt(tok)
+    changed = copy.deepcopy(embedded_policy.model)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in changed.named_parameters():
+            if ".mlp." in name:
+                p.add_(0.002 * torch.randn(p.shape, generator=gen))
+    params = SamplingParams(max_tokens=30, temperature=0.7, seed=1, ignore_eos=True)
+
+    async def go():
+        stream = engine.generate_stream(prompt, params)
+        first = await stream.__anext__()
+        reload = asyncio.wrap_future(engine.load_policy(1, changed.state_dict()))
+        rest = [ev async for ev in stream]  # finishes on v0 while v1 waits for it
+        await reload
+        return first, rest, await engine.generate(prompt, params)
+
+    try:
+        first, rest, after = asyncio.run(go())
+        assert len(rest) == 29 and {first.policy_version, *(e.policy_version for e in rest)} == {0}
+        assert after.policy_version == 1
+        batch = collate([TrainSample(prompt, after.token_ids, after.logprobs, 0.7)])
+        with torch.no_grad():
+            want, _ = token_logprobs(changed.eval(), batch)
+        diff = (want[batch.loss_mask] - torch.tensor(after.logprobs)).abs().max()
+        assert float(diff) < SERVED_LOGPROB_TOLERANCE
+    finally:  # the session's server goes back to the embedded weights
+        restore = engine.load_policy(2, embedded_policy.model.state_dict())
+        restore.result(timeout=300)
+        engine.close()
+
+
+def test_a_dying_replica_is_taken_out_and_back(
+    vllm_server, embedded_policy, tmp_path, killable_proxy
+):
+    tok = embedded_policy.tokenizer
+    proxy = killable_proxy(vllm_server.port)
+    engine = VLLMEngine([vllm_server.url, proxy.url], tok, health_interval_s=0.2)
+    trainer = Trainer(embedded_policy.model, TrainerConfig(method="rl"), tmp_path)
+    prompt = _prompt(tok)
+    long = SamplingParams(max_tokens=200, ignore_eos=True)
+
+    async def stream_all(n: int) -> list[BaseException | int]:
+        async def one() -> BaseException | int:
+            try:
+                return len([e async for e in engine.generate_stream(prompt, long)])
+            except EngineUnavailableError as e:
+                return e
+
+        tasks = [asyncio.create_task(one()) for _ in range(n)]
+        await asyncio.sleep(1.0)  # every stream is under way on one replica or the other
+        proxy.kill()
+        return await asyncio.gather(*tasks)
+
+    try:
+        assert {r.url for r in engine.replicas} == {vllm_server.url, proxy.url}
+        results = asyncio.run(stream_all(4))
+        died = [r for r in results if isinstance(r, EngineUnavailableError)]
+        assert 1 <= len(died) <= 3 and all(r == 200 for r in results if isinstance(r, int))
+        down = next(r for r in engine.replicas if r.url == proxy.url)
+        assert not down.healthy
+        # new requests go to the live replica; a version published now skips the dead one
+        version = engine.load_policy(1, trainer.save_weights(1)).result(timeout=60)
+        c = asyncio.run(engine.generate(prompt, SamplingParams(max_tokens=3)))
+        assert version == 1 and c.policy_version == 1
+        proxy.revive()  # back: the health loop gives it v1 before it takes requests
+        deadline = time.monotonic() + 30
+        while not down.healthy and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert down.healthy and down.synced_version == 1
+    finally:
+        engine.close()
