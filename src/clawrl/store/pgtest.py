@@ -24,7 +24,6 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import quote
 
 from clawrl.errors import StoreError
 
@@ -127,14 +126,8 @@ def throwaway_cluster(*, fsync: bool = False, user: str = CLUSTER_USER) -> Itera
 
 
 def schema_url(cluster_url: str, schema: str | None = None) -> str:
-    """A URL of ``cluster_url``'s database whose tables live in a new schema (created here;
-    default name ``t_`` + 12 hex digits)."""
-    import psycopg
+    """A URL of ``cluster_url``'s database whose tables live in a new schema (default name
+    ``t_`` + 12 hex digits): :func:`clawrl.store.postgres.schema_url`."""
+    from clawrl.store.postgres import schema_url as in_schema
 
-    name = schema or f"t_{uuid.uuid4().hex[:12]}"
-    if not name.replace("_", "").isalnum():
-        raise StoreError(f"schema name {name!r} is not a plain identifier")
-    with psycopg.connect(cluster_url, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA IF NOT EXISTS {name}")
-    sep = "&" if "?" in cluster_url else "?"
-    return f"{cluster_url}{sep}options={quote(f'-csearch_path={name}')}"
+    return in_schema(cluster_url, schema or f"t_{uuid.uuid4().hex[:12]}")

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import quote
 
 from clawrl.errors import StoreError
 from clawrl.store.db import Conn, Cursor, Row, StoreConflict, mask_url, pyformat
@@ -197,3 +198,25 @@ class PostgresDatabase:
         if not self._closed:
             self._closed = True
             self._pool.close()
+
+
+def schema_url(url: str, schema: str, *, fresh: bool = False) -> str:
+    """``url`` with its tables kept in the PostgreSQL schema ``schema`` (``search_path``),
+    which is created here (and, with ``fresh``, dropped with everything in it first).
+
+    Raises:
+        StoreError: ``schema`` is not a plain lower-case identifier, or the server refused.
+    """
+    import psycopg
+
+    if not schema.replace("_", "").isalnum() or schema.lower() != schema:
+        raise StoreError(f"schema name {schema!r} is not a plain lower-case identifier")
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            if fresh:
+                conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+            conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+    except psycopg.Error as exc:
+        raise StoreError(f"cannot create the schema {schema} in {mask_url(url)}: {exc}") from exc
+    sep = "&" if "?" in url else "?"
+    return f"{url}{sep}options={quote(f'-csearch_path={schema}')}"
