@@ -27,8 +27,10 @@ token boundaries of that tokenization (see :func:`render_prompt`).
 
 from __future__ import annotations
 
+import functools
+import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import jinja2
@@ -65,11 +67,18 @@ class RenderedPrompt:
             whatever the template or renderer puts before the first message (BOS, a default or
             created system prompt). Messages that cannot be separated on a token boundary share
             one span (see :func:`render_prompt`).
+        spans_fn: computes ``message_spans``.
     """
 
     token_ids: list[int]
     text: str
-    message_spans: list[tuple[int, int]]
+    spans_fn: Callable[[], list[tuple[int, int]]] = field(repr=False, compare=False)
+
+    @functools.cached_property
+    def message_spans(self) -> list[tuple[int, int]]:
+        """Computed on first use (it renders every message prefix; a call whose history holds
+        no recorded answer never needs it)."""
+        return self.spans_fn()
 
 
 def supports_native_tools(tokenizer: PreTrainedTokenizerBase) -> bool:
@@ -161,22 +170,50 @@ def render_prompt(
             code="invalid_unicode",
         )
 
-    def encode(s: str) -> list[int]:
-        return tokenizer.encode(s, add_special_tokens=False)
+    encode_many = batch_encoder(tokenizer)
+    ids = encode_many([text])[0]
 
-    ids = encode(text)
-    spans = _message_spans(render, messages, text, ids, encode)
-    return RenderedPrompt(token_ids=ids, text=text, message_spans=spans)
+    def spans() -> list[tuple[int, int]]:
+        candidates = _span_candidates(render, messages, text)
+        # one tokenizer call for every segment between candidate boundaries (and the tail after
+        # the last): the common case, where every candidate is accepted
+        cuts = [0, *(char for _, char in candidates)]
+        segments = [text[a:b] for a, b in itertools.pairwise(cuts)]
+        encoded = encode_many([*segments, text[cuts[-1] :]])
+        return _message_spans(messages, text, ids, candidates, encoded,
+                              lambda s: encode_many([s])[0])  # fmt: skip
+
+    return RenderedPrompt(token_ids=ids, text=text, spans_fn=spans)
 
 
-def _message_spans(
+_BACKEND_OK: dict[int, bool] = {}
+
+
+def batch_encoder(tokenizer: PreTrainedTokenizerBase) -> Callable[[list[str]], list[list[int]]]:
+    """``texts -> ids per text``, without special tokens added: one call into a fast
+    tokenizer's Rust backend for all texts (the Python wrapper around ``tokenizer.encode`` cost
+    more than the tokenization itself); other tokenizers, or a backend that disagrees with
+    ``tokenizer.encode`` on a probe with special tokens, encode text by text."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    key = id(tokenizer)
+    if backend is not None and key not in _BACKEND_OK:
+        probe = "".join(str(t) for t in getattr(tokenizer, "all_special_tokens", ())[:4])
+        probe += " Hello  world\n\n\tx = 1 <x>é✓ "
+        _BACKEND_OK[key] = backend.encode(probe, add_special_tokens=False).ids == (
+            tokenizer.encode(probe, add_special_tokens=False)
+        )
+    if backend is not None and _BACKEND_OK[key]:
+        return lambda texts: [e.ids for e in backend.encode_batch(texts, add_special_tokens=False)]
+    return lambda texts: [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+
+
+def _span_candidates(
     render: Callable[[Sequence[ChatMessage], bool], str],
     messages: Sequence[ChatMessage],
     text: str,
-    ids: list[int],
-    encode: Callable[[str], list[int]],
 ) -> list[tuple[int, int]]:
-    # Candidate boundaries: (number of messages, char offset) where the prefix's text is a prefix.
+    """Candidate boundaries: (number of messages, char offset) where the prefix's text is a
+    prefix of ``text``."""
     candidates: list[tuple[int, int]] = []
     last_char = 0
     for k in range(1, len(messages) + 1):
@@ -187,15 +224,35 @@ def _message_spans(
         if len(prefix) >= last_char and text.startswith(prefix):
             candidates.append((k, len(prefix)))
             last_char = len(prefix)
+    return candidates
+
+
+def _message_spans(
+    messages: Sequence[ChatMessage],
+    text: str,
+    ids: list[int],
+    candidates: list[tuple[int, int]],
+    pre_encoded: list[list[int]],
+    encode: Callable[[str], list[int]],
+) -> list[tuple[int, int]]:
+    """One span per message from the candidate boundaries; ``pre_encoded`` holds the segments
+    between consecutive candidates and the tail after the last (used while every candidate so
+    far was accepted; after a rejected one, segments are encoded afresh)."""
     # Accepted boundaries: (number of messages, char offset, token offset).
     accepted = [(0, 0, 0)]
-    for k, char in candidates:
+    for j, (k, char) in enumerate(candidates):
         _, start_char, start_tok = accepted[-1]
-        segment = encode(text[start_char:char])
+        all_so_far = len(accepted) == j + 1
+        segment = pre_encoded[j] if all_so_far else encode(text[start_char:char])
         if ids[start_tok : start_tok + len(segment)] == segment:
             accepted.append((k, char, start_tok + len(segment)))
-    while len(accepted) > 1 and encode(text[accepted[-1][1] :]) != ids[accepted[-1][2] :]:
+    tail = pre_encoded[-1] if len(accepted) == len(candidates) + 1 else None
+    while len(accepted) > 1:
+        rest = tail if tail is not None else encode(text[accepted[-1][1] :])
+        if rest == ids[accepted[-1][2] :]:
+            break
         accepted.pop()
+        tail = None
     spans = []
     for i in range(len(messages)):
         start = max(tok for k, _, tok in accepted if k <= i)

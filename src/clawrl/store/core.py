@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import Any
@@ -354,27 +354,46 @@ class Store(LearningQueries, PolicyVersions):
         Raises:
             StoreError: the session does not exist, the id is taken, or a field is invalid.
         """
-        row = turn_to_row(turn)
-        full_prompt = row["prompt_ids"]
-        base_id = turn.parent_turn_id
-        base = self._full_turn(base_id) if base_id else None
-        delta = base is not None and base_id is not None and self._chains.compress(
-            row, base_id, base, turn.request_messages
-        )  # fmt: skip
-        with self._write() as conn:
-            if delta and base is not None:
-                found = conn.execute(
-                    f"SELECT seq_hash FROM turns WHERE id = ?{conn.for_share}", (base_id,)
-                ).fetchone()
-                if found is None or found[0] != digest(base.seq):  # changed since it was read
-                    row = turn_to_row(turn)
-                    delta = False
-            conn.execute(insert_sql("turns", list(row)), row)
-        turn.output_hash = row["output_hash"]
-        self._chains.put(turn.id, FullTurn(
-            full_prompt, row["completion_ids"], tuple(turn.request_messages)
-        ))  # fmt: skip
+        self.record_turns([turn])
         return turn.id
+
+    def record_turns(
+        self, turns: Sequence[TurnRecord], *, session: SessionRecord | None = None
+    ) -> None:
+        """Insert several turns (the choices of one call) in one durable transaction, after
+        creating ``session`` if it does not exist yet (the gateway creates a new session with
+        its first turn: one commit, not two). Each turn as in :meth:`record_turn`.
+
+        Raises:
+            StoreError: a turn's session does not exist, an id is taken, or a field is
+                invalid (nothing is written).
+        """
+        rows = []
+        for turn in turns:
+            row = turn_to_row(turn)
+            full = FullTurn(row["prompt_ids"], row["completion_ids"], tuple(turn.request_messages))
+            base_id = turn.parent_turn_id
+            base = self._full_turn(base_id) if base_id else None
+            delta = base_id is not None and base is not None and self._chains.compress(
+                row, base_id, base, turn.request_messages
+            )  # fmt: skip
+            rows.append((turn, row, full, base_id if delta else None, base))
+        with self._write() as conn:
+            if session is not None:
+                srow = session_to_row(session)
+                conn.execute(insert_sql("sessions", list(srow), or_ignore=True), srow)
+            for i, (turn, row, _, base_id, base) in enumerate(rows):
+                if base_id is not None and base is not None:
+                    found = conn.execute(
+                        f"SELECT seq_hash FROM turns WHERE id = ?{conn.for_share}", (base_id,)
+                    ).fetchone()
+                    if found is None or found[0] != digest(base.seq):  # changed since read
+                        row = turn_to_row(turn)
+                        rows[i] = (turn, row, rows[i][2], None, None)
+                conn.execute(insert_sql("turns", list(row)), row)
+        for turn, row, full, _, _ in rows:
+            turn.output_hash = row["output_hash"]
+            self._chains.put(turn.id, full)
 
     def update_turn(self, turn_id: str, **changes: Any) -> TurnRecord:
         """Change fields of a recorded turn (e.g. ``status=TurnStatus.INCOMPLETE``) and return it.
@@ -510,6 +529,7 @@ class Store(LearningQueries, PolicyVersions):
         limit: int = 20,
         *,
         now: float | None = None,
+        lengths: Iterable[int] | None = None,
     ) -> list[TurnRecord]:
         """Turns of open sessions whose ``prompt_ids + completion_ids`` is a prefix of
         ``prompt_ids`` (equal length included), longest first, newest first among equals.
@@ -528,6 +548,10 @@ class Store(LearningQueries, PolicyVersions):
             since_s: only turns created within this many seconds before ``now`` (``None``:
                 all; sessions are rarely ended, so an unbounded search grows with the file).
             limit: most turns returned.
+            lengths: the only ``seq_len`` values to look for (e.g. the positions next to the
+                template's end-of-turn tokens: :func:`clawrl.gateway.attribution.turn_ends`),
+                which skips step (1), a scan of the window's turns that grows with traffic;
+                ``None``: every length a recent open turn has.
         """
         n = len(prompt_ids)
         where = "s.ended_at IS NULL AND t.seq_len <= ?"
@@ -537,13 +561,14 @@ class Store(LearningQueries, PolicyVersions):
             params.append((time.time() if now is None else now) - since_s)
         join = "FROM turns t JOIN sessions s ON s.id = t.session_id"
         with self._read() as conn:
-            lengths = [
-                r[0]
-                for r in conn.execute(f"SELECT DISTINCT t.seq_len {join} WHERE {where}", params)
-            ]
-            if not lengths:
-                return []
+            if lengths is None:
+                lengths = [
+                    r[0]
+                    for r in conn.execute(f"SELECT DISTINCT t.seq_len {join} WHERE {where}", params)
+                ]
             digests = prefix_digests(prompt_ids, lengths)
+            if not digests:
+                return []
             found: list[Any] = []
             values = list(digests.values())
             for start in range(0, len(values), _SQL_CHUNK):
