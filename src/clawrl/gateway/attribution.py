@@ -446,12 +446,17 @@ def _dropped_answer_link(
 ) -> Link | None:
     if not generation_ids or len(prompt) <= MIN_CONTEXT_TOKENS:
         return None
+    contexts = None
+    if signals.end_ids is not None:  # a context ends at most 2 ids after an end-of-turn token
+        ends = turn_ends(prompt, signals.end_ids)
+        contexts = sorted({e + d for e in ends for d in (0, 1, 2) if e + d < len(prompt)})
     hits = store.find_dropped_answer_turns(
         prompt,
         generation_ids,
         since_s=DROPPED_WINDOW_S,
         min_context=MIN_CONTEXT_TOKENS,
         client_match=signals.client,
+        context_lengths=contexts,
     )
     sessions = {t.session_id for t in hits}
     if len(sessions) != 1:

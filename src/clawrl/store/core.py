@@ -627,6 +627,7 @@ class Store(LearningQueries, PolicyVersions):
         client_match: Mapping[str, Any] | None = None,
         limit: int = 20,
         now: float | None = None,
+        context_lengths: Iterable[int] | None = None,
     ) -> list[TurnRecord]:
         """Recent main turns of inferred open sessions whose prompt is ``context +
         generation_ids`` with ``context`` (at least ``min_context`` tokens) a strict prefix of
@@ -636,6 +637,11 @@ class Store(LearningQueries, PolicyVersions):
         recent candidates, the digest of ``prompt_ids[:m - g] + generation_ids`` for each, an
         indexed lookup by ``prompt_hash``, then an id-for-id check. Turns with prefilled ids (a
         forced tool call) are not found.
+
+        Args:
+            context_lengths: the only ``len(context)`` values to look for (positions next to
+                the template's end-of-turn tokens), which skips the scan of the window's
+                prompt lengths; ``None``: every length a recent candidate has.
         """
         g = len(generation_ids)
         n = len(prompt_ids)
@@ -644,10 +650,15 @@ class Store(LearningQueries, PolicyVersions):
             where += " AND t.prompt_len - ? >= ? AND t.prompt_len - ? < ?"
             params += [g, int(min_context), g, n]
             join = "FROM turns t JOIN sessions s ON s.id = t.session_id"
-            lengths = sorted(
-                r[0]
-                for r in conn.execute(f"SELECT DISTINCT t.prompt_len {join} WHERE {where}", params)
-            )
+            if context_lengths is not None:
+                lengths = sorted({c + g for c in context_lengths if min_context <= c < n})
+            else:
+                lengths = sorted(
+                    r[0]
+                    for r in conn.execute(
+                        f"SELECT DISTINCT t.prompt_len {join} WHERE {where}", params
+                    )
+                )
             if not lengths:
                 return []
             want, gen = encode_ids(prompt_ids), encode_ids(generation_ids)
