@@ -6,12 +6,15 @@ length. So a turn whose prompt extends an earlier turn's ``prompt + completion``
 turn*: the parent the gateway found, verified here id for id) stores only what it adds, as the
 prefix tree's nodes do:
 
-* ``prompt_ids``: the ids after the prefix turn's ``prefix_len`` ids (``prefix_len`` = that
-  turn's ``seq_len``);
+* ``prompt_ids``: the ids after the first ``prefix_len`` ids of the prefix turn's ``prompt +
+  completion`` (all of them, ``prefix_len = seq_len``, when the prompt extends that turn; or
+  the leading ids both share, at least :data:`MIN_SHARED_IDS`, when a harness rewrote part of
+  the history);
 * ``request_messages``: the messages after the first ``messages_prefix_len``, which equal the
   prefix turn's first ones.
 
-Reading rebuilds ``prompt = prefix.prompt + prefix.completion + tail`` (recursively: the prefix
+Reading rebuilds ``prompt = (prefix.prompt + prefix.completion)[:prefix_len] + tail``
+(recursively: the prefix
 turn may be a delta too; one recursive query fetches the chain) and checks it against the row's
 ``prompt_hash`` (sha256 of the full prompt). An LRU of recently rebuilt turns (this process's)
 makes the chain walk rare: the gateway reads the turn a call continues, then records the call
@@ -66,6 +69,24 @@ def shared_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
             break
         n += 1
     return n
+
+
+MIN_SHARED_IDS = 256
+"""A prompt that does not contain its parent's whole ``prompt + completion`` is stored as a
+delta only when it shares at least this many leading ids with it."""
+
+
+def shared_bytes(a: bytes, b: bytes) -> int:
+    """The length of the longest common prefix of ``a`` and ``b`` (binary search over slice
+    comparisons, which run in C)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def digest(data: bytes) -> str:
@@ -181,16 +202,16 @@ class PromptChains:
                 base = known[base_id]
                 k, m = int(row["prefix_len"]), int(row["messages_prefix_len"])
                 seq = base.seq
-                if len(seq) != 4 * k or len(base.messages) < m:
+                if len(seq) < 4 * k or len(base.messages) < m:
                     raise (
                         _Stale()
                         if use_cache
                         else StoreError(
                             f"turn {tid!r}: its prefix turn {base_id!r} has {len(seq) // 4} ids and "
-                            f"{len(base.messages)} messages, not {k} and at least {m}"
+                            f"{len(base.messages)} messages, fewer than {k} and {m}"
                         )
                     )
-                prompt, full_messages = seq + tail, (*base.messages[:m], *messages)
+                prompt, full_messages = seq[: 4 * k] + tail, (*base.messages[:m], *messages)
             if digest(prompt) != row["prompt_hash"]:
                 if use_cache:
                     raise _Stale()
@@ -205,8 +226,9 @@ class PromptChains:
     def compress(
         row: dict[str, Any], base_id: str, base: FullTurn, messages: Sequence[Any]
     ) -> bool:
-        """Turn a full ``turns`` row into its delta against ``base`` (in place), when ``base``'s
-        ``prompt + completion`` is a non-empty prefix of the row's prompt.
+        """Turn a full ``turns`` row into its delta against ``base`` (in place), when the row's
+        prompt starts with ``base``'s whole ``prompt + completion``, or shares at least
+        :data:`MIN_SHARED_IDS` leading ids with it (a harness that rewrote the last message).
 
         Args:
             row: the full row (:func:`clawrl.store.rows.turn_to_row`), ``prompt_ids`` encoded.
@@ -219,12 +241,13 @@ class PromptChains:
         """
         seq = base.seq
         prompt = row["prompt_ids"]
-        if not seq or not prompt.startswith(seq):
+        k = len(seq) if prompt.startswith(seq) else shared_bytes(prompt, seq) // 4 * 4
+        if not seq or (k < len(seq) and k < 4 * MIN_SHARED_IDS):
             return False
         shared = shared_prefix(base.messages, messages)
-        row["prompt_ids"] = prompt[len(seq) :]
+        row["prompt_ids"] = prompt[k:]
         row["prefix_turn_id"] = base_id
-        row["prefix_len"] = len(seq) // 4
+        row["prefix_len"] = k // 4
         row["messages_prefix_len"] = shared
         row["request_messages"] = json.dumps(
             list(messages[shared:]), ensure_ascii=False, separators=(",", ":")

@@ -21,8 +21,9 @@ seconds since the epoch; booleans are INTEGER 0/1. Enum-valued columns have no C
 (SQLite cannot alter one without rebuilding the table); the store validates them instead.
 
 **Turn prompts are stored as deltas** (version 4): a turn whose prompt extends an earlier
-turn's ``prompt + completion`` (its *prefix turn*, ``prefix_turn_id``) stores in ``prompt_ids``
-only the ids after that turn's ``prefix_len`` ids, and in ``request_messages`` only the messages
+turn's ``prompt + completion`` (its *prefix turn*, ``prefix_turn_id``), or shares a long
+start with it, stores in ``prompt_ids`` only the ids after the first ``prefix_len`` ids of that
+turn's ``prompt + completion``, and in ``request_messages`` only the messages
 after the first ``messages_prefix_len`` messages it shares with the prefix turn. The store
 rebuilds the full ids and messages on read, and checks the rebuilt prompt against
 ``prompt_hash`` (sha256 of the full prompt). Rows with ``prefix_len = 0`` (every row written
@@ -174,7 +175,7 @@ or one of :data:`STORAGE_TURN_COLUMNS`."""
 
 STORAGE_TURN_COLUMNS: dict[str, str] = {
     "prefix_turn_id": "the turn whose prompt + completion the stored prompt extends (or NULL)",
-    "prefix_len": "how many leading prompt ids are that turn's (0: prompt_ids is whole)",
+    "prefix_len": "how many leading prompt ids are that turn's first ids (0: prompt_ids whole)",
     "messages_prefix_len": "how many leading request messages are the prefix turn's",
 }
 """Columns of ``turns`` that say how a prompt is stored as a delta (module docstring); the store
