@@ -35,6 +35,12 @@ from typing import TYPE_CHECKING, Any
 
 import jinja2
 
+from clawrl.chat.prefix_cache import (
+    context_key,
+    encode_segments,
+    prefix_renders,
+    text_prefix_digests,
+)
 from clawrl.chat.tool_format import (
     assistant_message_text,
     reasoning_text,
@@ -174,12 +180,17 @@ def render_prompt(
     ids = encode_many([text])[0]
 
     def spans() -> list[tuple[int, int]]:
-        candidates = _span_candidates(render, messages, text)
-        # one tokenizer call for every segment between candidate boundaries (and the tail after
-        # the last): the common case, where every candidate is accepted
+        context = context_key(
+            _template_source(tokenizer), tokenizer.special_tokens_map, payload, extra, native,
+            default_system,
+        )  # fmt: skip
+        candidates = _span_candidates(lambda m: render(m, False), messages, text, context)
+        # every segment between candidate boundaries (and the tail after the last) in one
+        # tokenizer call, only those not tokenized on an earlier call: the common case, where
+        # every candidate is accepted
         cuts = [0, *(char for _, char in candidates)]
         segments = [text[a:b] for a, b in itertools.pairwise(cuts)]
-        encoded = encode_many([*segments, text[cuts[-1] :]])
+        encoded = encode_segments([*segments, text[cuts[-1] :]], encode_many)
         return _message_spans(messages, text, ids, candidates, encoded,
                               lambda s: encode_many([s])[0])  # fmt: skip
 
@@ -208,22 +219,22 @@ def batch_encoder(tokenizer: PreTrainedTokenizerBase) -> Callable[[list[str]], l
 
 
 def _span_candidates(
-    render: Callable[[Sequence[ChatMessage], bool], str],
+    render: Callable[[Sequence[ChatMessage]], str],
     messages: Sequence[ChatMessage],
     text: str,
+    context: bytes,
 ) -> list[tuple[int, int]]:
     """Candidate boundaries: (number of messages, char offset) where the prefix's text is a
-    prefix of ``text``."""
+    prefix of ``text`` (compared by sha1; prefix renders remembered across calls:
+    :mod:`clawrl.chat.prefix_cache`)."""
+    renders = prefix_renders(render, messages, context, jinja2.TemplateError)
+    digests = text_prefix_digests(text, [n for n, _ in renders])
     candidates: list[tuple[int, int]] = []
     last_char = 0
-    for k in range(1, len(messages) + 1):
-        try:
-            prefix = render(messages[:k], False)
-        except jinja2.TemplateError:
-            continue
-        if len(prefix) >= last_char and text.startswith(prefix):
-            candidates.append((k, len(prefix)))
-            last_char = len(prefix)
+    for k, (n, digest) in enumerate(renders, start=1):
+        if n >= last_char and digests.get(n) == digest:
+            candidates.append((k, n))
+            last_char = n
     return candidates
 
 

@@ -366,9 +366,10 @@ def link_call(
     """
     prompt = list(prompt_ids)
     ends = None if signals.end_ids is None else turn_ends(prompt, signals.end_ids)
-    for turn in store.find_extendable_turns(prompt, since_s=INFER_WINDOW_S, limit=50, lengths=ends):
-        if session_id is not None and turn.session_id != session_id:
-            continue
+    extendable = store.find_extendable_turns(
+        prompt, since_s=INFER_WINDOW_S, limit=16, lengths=ends, session_id=session_id
+    )  # longest first: the first with a completion is the one (older ones are its ancestors)
+    for turn in extendable:
         if not turn.completion_ids:
             if turn.prompt_ids != prompt or session_id is None:
                 continue  # no output to continue from; an inferred retry is rule 2's

@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from clawrl.errors import StoreError
+from clawrl.lru import LRU
 from clawrl.store.db import Conn
 
 CHAIN_COLUMNS = (
@@ -103,31 +102,19 @@ class PromptChains:
     """
 
     def __init__(self, capacity: int = 256) -> None:
-        self.capacity = capacity
-        self._cache: OrderedDict[str, FullTurn] = OrderedDict()
-        self._lock = threading.Lock()
+        self._cache: LRU[FullTurn] = LRU(capacity)
 
     def get(self, turn_id: str) -> FullTurn | None:
         """The remembered full turn, or ``None``."""
-        with self._lock:
-            full = self._cache.get(turn_id)
-            if full is not None:
-                self._cache.move_to_end(turn_id)
-            return full
+        return self._cache.get(turn_id)
 
     def put(self, turn_id: str, full: FullTurn) -> None:
         """Remember ``full`` as ``turn_id``'s (evicting the least recently used)."""
-        with self._lock:
-            self._cache[turn_id] = full
-            self._cache.move_to_end(turn_id)
-            while len(self._cache) > self.capacity:
-                self._cache.popitem(last=False)
+        self._cache.put(turn_id, full)
 
     def forget(self, turn_ids: Iterable[str]) -> None:
         """Drop remembered turns (their completion changed)."""
-        with self._lock:
-            for turn_id in turn_ids:
-                self._cache.pop(turn_id, None)
+        self._cache.pop(turn_ids)
 
     def resolve(self, conn: Conn, rows: Sequence[Mapping[str, Any]]) -> dict[str, FullTurn]:
         """The full turn of each row (rows of ``turns`` with at least :data:`CHAIN_COLUMNS`).

@@ -32,7 +32,7 @@ from typing import Any
 from clawrl.errors import StoreError
 from clawrl.store.chains import FullTurn, PromptChains, digest
 from clawrl.store.codec import encode_ids, ids_digest, prefix_digests
-from clawrl.store.db import Conn, Database, open_database
+from clawrl.store.db import Conn, Database, is_url, open_database
 from clawrl.store.learning import LearningQueries
 from clawrl.store.migrations import applied_version, migrate
 from clawrl.store.rows import (
@@ -133,10 +133,9 @@ class Store(LearningQueries, PolicyVersions):
         Raises:
             StoreError: a PostgreSQL server that cannot be reached, or a bad URL.
         """
-        db = open_database(target, timeout_s=timeout_s, read_only=True) if _is_url(target) \
-            else None  # fmt: skip
-        if db is None:
+        if not is_url(target):
             return os.path.isfile(target)
+        db = open_database(target, timeout_s=timeout_s, read_only=True)
         try:
             with db.read() as conn:
                 return applied_version(conn) > 0
@@ -530,6 +529,7 @@ class Store(LearningQueries, PolicyVersions):
         *,
         now: float | None = None,
         lengths: Iterable[int] | None = None,
+        session_id: str | None = None,
     ) -> list[TurnRecord]:
         """Turns of open sessions whose ``prompt_ids + completion_ids`` is a prefix of
         ``prompt_ids`` (equal length included), longest first, newest first among equals.
@@ -552,10 +552,14 @@ class Store(LearningQueries, PolicyVersions):
                 template's end-of-turn tokens: :func:`clawrl.gateway.attribution.turn_ends`),
                 which skips step (1), a scan of the window's turns that grows with traffic;
                 ``None``: every length a recent open turn has.
+            session_id: only turns of this session.
         """
         n = len(prompt_ids)
         where = "s.ended_at IS NULL AND t.seq_len <= ?"
         params: list[Any] = [n]
+        if session_id is not None:
+            where += " AND t.session_id = ?"
+            params.append(session_id)
         if since_s is not None:
             where += " AND t.created_at >= ?"
             params.append((time.time() if now is None else now) - since_s)
@@ -582,7 +586,7 @@ class Store(LearningQueries, PolicyVersions):
             want = encode_ids(prompt_ids)
             full = self._chains.resolve(conn, found) if found else {}
         matches = [r for r in found if want.startswith(full[r["id"]].seq)]  # equal ids, not digests
-        return [row_to_turn(r, full[r["id"]]) for r in matches[:limit]]
+        return [row_to_turn(r, full[r["id"]]) for r in matches[:limit]]  # decode only these
 
     def recent_turns(
         self,
@@ -744,12 +748,6 @@ class Store(LearningQueries, PolicyVersions):
                 f"SELECT * FROM feedback WHERE {column} = ? ORDER BY created_at, rowid", (value,)
             ).fetchall()
         return [row_to_feedback(r) for r in rows]
-
-
-def _is_url(target: str | os.PathLike[str]) -> bool:
-    from clawrl.store.db import is_url
-
-    return is_url(target)
 
 
 def _recent_where(

@@ -28,11 +28,21 @@ from clawrl.store.schema import Dialect
 _MIGRATION_LOCK = 0x636C6177726C  # pg_advisory_xact_lock key of schema migrations ("clawrl")
 
 
+_INDEXES: dict[tuple[bytes, ...], dict[str, int]] = {}
+
+
 def _row_factory(cursor: Any) -> Callable[[Sequence[Any]], Any]:
-    desc = cursor.description
-    if desc is None:
+    # column names straight from the result (cursor.description builds an object per column,
+    # per query: a measurable share of a gateway call), their index dict shared per shape
+    res = cursor.pgresult
+    if res is None or not res.nfields:
         return tuple
-    index = {c.name: i for i, c in reversed(list(enumerate(desc)))}
+    names = tuple(res.fname(i) or b"" for i in range(res.nfields))
+    index = _INDEXES.get(names)
+    if index is None:
+        index = {n.decode(): i for i, n in reversed(list(enumerate(names)))}
+        if len(_INDEXES) < 1024:
+            _INDEXES[names] = index
     return lambda values: Row(values, index)
 
 
