@@ -10,7 +10,7 @@ remembered across calls, keyed by content:
 * a prefix render by the sha1 chain over the render context (template, tools, system extras)
   and the prefix's messages (JSON): its text's length and sha1 (the text itself would make the
   memory quadratic; the caller checks ``text.startswith(prefix)`` by comparing digests);
-* a segment's tokenization by the sha1 of its text.
+* a segment's tokenization by the sha1 of the tokenizer's key and its text.
 
 Both are bounded LRUs (:data:`PREFIXES`, :data:`SEGMENTS`), thread-safe.
 """
@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import uuid
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -29,7 +31,7 @@ PREFIXES: LRU[tuple[int, bytes]] = LRU(65536)
 """prefix key -> (length of the rendered prefix in characters, sha1 of its UTF-8 text); length
 -1 when the template rejected the prefix."""
 SEGMENTS: LRU[tuple[int, ...]] = LRU(8192)
-"""sha1 of a text segment -> its token ids."""
+"""sha1 of (tokenizer key, a text segment) -> its token ids."""
 
 
 def context_key(*parts: Any) -> bytes:
@@ -83,11 +85,26 @@ def text_prefix_digests(text: str, lengths: Sequence[int]) -> dict[int, bytes]:
     return out
 
 
+_TOKENIZER_KEYS: weakref.WeakKeyDictionary[Any, bytes] = weakref.WeakKeyDictionary()
+
+
+def tokenizer_key(tokenizer: Any) -> bytes:
+    """A key unique to this tokenizer object for as long as it lives (tokenizations are
+    remembered per tokenizer: two tokenizers split one text differently)."""
+    try:
+        return _TOKENIZER_KEYS.setdefault(tokenizer, uuid.uuid4().bytes)
+    except TypeError:  # not weak-referenceable: nothing is shared
+        return uuid.uuid4().bytes
+
+
 def encode_segments(
-    segments: Sequence[str], encode_many: Callable[[list[str]], list[list[int]]]
+    segments: Sequence[str],
+    encode_many: Callable[[list[str]], list[list[int]]],
+    namespace: bytes,
 ) -> list[list[int]]:
-    """Token ids of each segment, tokenizing only those not remembered (in one batch)."""
-    keys = [hashlib.sha1(s.encode("utf-8", "surrogatepass")).digest() for s in segments]
+    """Token ids of each segment, tokenizing only those not remembered under ``namespace``
+    (:func:`tokenizer_key`) in one batch."""
+    keys = [hashlib.sha1(namespace + s.encode("utf-8", "surrogatepass")).digest() for s in segments]
     found: list[tuple[int, ...] | None] = [SEGMENTS.get(k) for k in keys]
     missing = [i for i, f in enumerate(found) if f is None]
     if missing:

@@ -27,8 +27,10 @@ token boundaries of that tokenization (see :func:`render_prompt`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -40,6 +42,7 @@ from clawrl.chat.prefix_cache import (
     encode_segments,
     prefix_renders,
     text_prefix_digests,
+    tokenizer_key,
 )
 from clawrl.chat.tool_format import (
     assistant_message_text,
@@ -190,14 +193,15 @@ def render_prompt(
         # every candidate is accepted
         cuts = [0, *(char for _, char in candidates)]
         segments = [text[a:b] for a, b in itertools.pairwise(cuts)]
-        encoded = encode_segments([*segments, text[cuts[-1] :]], encode_many)
+        encoded = encode_segments([*segments, text[cuts[-1] :]], encode_many,
+                                  tokenizer_key(tokenizer))  # fmt: skip
         return _message_spans(messages, text, ids, candidates, encoded,
                               lambda s: encode_many([s])[0])  # fmt: skip
 
     return RenderedPrompt(token_ids=ids, text=text, spans_fn=spans)
 
 
-_BACKEND_OK: dict[int, bool] = {}
+_BACKEND_OK: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 
 
 def batch_encoder(tokenizer: PreTrainedTokenizerBase) -> Callable[[list[str]], list[list[int]]]:
@@ -206,14 +210,16 @@ def batch_encoder(tokenizer: PreTrainedTokenizerBase) -> Callable[[list[str]], l
     more than the tokenization itself); other tokenizers, or a backend that disagrees with
     ``tokenizer.encode`` on a probe with special tokens, encode text by text."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    key = id(tokenizer)
-    if backend is not None and key not in _BACKEND_OK:
+    ok = _BACKEND_OK.get(tokenizer) if backend is not None else False
+    if ok is None and backend is not None:
         probe = "".join(str(t) for t in getattr(tokenizer, "all_special_tokens", ())[:4])
         probe += " Hello  world\n\n\tx = 1 <x>é✓ "
-        _BACKEND_OK[key] = backend.encode(probe, add_special_tokens=False).ids == (
+        ok = backend.encode(probe, add_special_tokens=False).ids == (
             tokenizer.encode(probe, add_special_tokens=False)
         )
-    if backend is not None and _BACKEND_OK[key]:
+        with contextlib.suppress(TypeError):  # not weak-referenceable: probed each time
+            _BACKEND_OK[tokenizer] = ok
+    if backend is not None and ok:
         return lambda texts: [e.ids for e in backend.encode_batch(texts, add_special_tokens=False)]
     return lambda texts: [tokenizer.encode(t, add_special_tokens=False) for t in texts]
 

@@ -16,8 +16,10 @@ applies.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,15 +92,17 @@ class PreparedCall:
     new_session: SessionRecord | None = None
 
 
-_SPECIAL: dict[int, frozenset[int]] = {}
+_SPECIAL: weakref.WeakKeyDictionary[Any, frozenset[int]] = weakref.WeakKeyDictionary()
 
 
 def special_ids(tokenizer: Any) -> frozenset[int]:
     """The tokenizer's special token ids (cached per tokenizer object)."""
-    key = id(tokenizer)
-    if key not in _SPECIAL:
-        _SPECIAL[key] = frozenset(int(i) for i in getattr(tokenizer, "all_special_ids", ()) or ())
-    return _SPECIAL[key]
+    found = _SPECIAL.get(tokenizer)
+    if found is None:
+        found = frozenset(int(i) for i in getattr(tokenizer, "all_special_ids", ()) or ())
+        with contextlib.suppress(TypeError):  # not weak-referenceable: computed each time
+            _SPECIAL[tokenizer] = found
+    return found
 
 
 def prefill_for(choice: ToolChoice, native: bool) -> str:

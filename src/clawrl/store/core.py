@@ -412,7 +412,7 @@ class Store(LearningQueries, PolicyVersions):
         if "output" in changes and "output_hash" not in changes:
             changes["output_hash"] = None
         with self._write() as conn:
-            found = conn.execute(f"SELECT * FROM turns WHERE id = ?{conn.for_share}",
+            found = conn.execute(f"SELECT * FROM turns WHERE id = ?{conn.for_update}",
                                  (turn_id,)).fetchone()  # fmt: skip
             if found is None:
                 raise StoreError(f"unknown turn {turn_id!r}")

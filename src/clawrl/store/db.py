@@ -102,6 +102,12 @@ class Conn:
         ends (SQLite: empty, its writers are serialized already)."""
         return ""
 
+    @property
+    def for_update(self) -> str:
+        """A ``SELECT`` suffix that locks the rows read for an update in this transaction
+        (SQLite: empty)."""
+        return ""
+
     def table_exists(self, name: str) -> bool:
         """Whether a table ``name`` exists (in the current schema)."""
         raise NotImplementedError

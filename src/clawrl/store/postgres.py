@@ -87,6 +87,10 @@ class PostgresConn(Conn):
     def for_share(self) -> str:
         return " FOR SHARE"
 
+    @property
+    def for_update(self) -> str:
+        return " FOR UPDATE"
+
     def table_exists(self, name: str) -> bool:
         return bool(self.execute("SELECT to_regclass(?) IS NOT NULL", (name,)).fetchone()[0])
 
