@@ -247,6 +247,14 @@ def test_find_turns_by_output_hash_and_prompt(store: Store) -> None:
     assert [t.id for t in store.find_turns_by_prompt([1, 2], session_id=s1.id)] == [t1.id]
     assert store.find_turns_by_prompt([1]) == []
     assert store.find_turns_by_prompt([1, 2], since_s=10.0, now=11.5) == [t2]
+    other, none = output_hash("other"), output_hash("none")
+    many = store.find_turns_by_output_hashes([h, other, none, h])
+    assert {k: [t.id for t in v] for k, v in many.items()} == {
+        h: [t2.id, t1.id], other: [t3.id], none: [],
+    }  # fmt: skip
+    assert [t.id for t in store.find_turns_by_output_hashes([h], limit=1)[h]] == [t2.id]
+    scoped = store.find_turns_by_output_hashes([h, other], session_id=s1.id)
+    assert [t.id for t in scoped[h]] == [t1.id] and [t.id for t in scoped[other]] == [t3.id]
 
 
 def test_find_extendable_turns(store: Store) -> None:

@@ -178,7 +178,19 @@ def prepare_messages(
     scope = explicit.session_id if explicit else None
     side_kind = side_kind or side_kind_from_messages(messages)
 
-    by_hash: dict[str, list[TurnRecord]] = {}  # global lookups, shared with the echo rule
+    # every assistant message's recorded turns, in one query (and one in the named session):
+    # the splice and the echo rule both read them
+    echo_hashes = tuple(
+        message_output_hash(m)
+        for m in messages
+        if m.role == "assistant" and (m.content or m.tool_calls)
+    )
+    by_hash = store.find_turns_by_output_hashes(echo_hashes) if echo_hashes else {}
+    in_scope = (
+        store.find_turns_by_output_hashes(echo_hashes, session_id=scope)
+        if scope and echo_hashes
+        else {}
+    )
 
     def find_anywhere(h: str) -> list[TurnRecord]:
         if h not in by_hash:
@@ -186,8 +198,7 @@ def prepare_messages(
         return by_hash[h]
 
     def find_turns(h: str) -> list[TurnRecord]:
-        found = store.find_turns_by_output_hash(h, session_id=scope) if scope else []
-        return found or find_anywhere(h)
+        return in_scope.get(h) or find_anywhere(h)
 
     spliced = splice_history(tokenizer, messages, rendered, find_turns)
     native = supports_native_tools(tokenizer)
@@ -200,11 +211,7 @@ def prepare_messages(
         client=client,
         find_by_output=find_anywhere,
         end_ids=special_ids(tokenizer),
-        echo_hashes=tuple(
-            message_output_hash(m)
-            for m in messages
-            if m.role == "assistant" and (m.content or m.tool_calls)
-        ),
+        echo_hashes=echo_hashes,
     )
     gen = generation_prompt_ids(tokenizer) or []
     link: Link = link_call(store, prompt_ids, scope, signals, gen)

@@ -491,6 +491,33 @@ class Store(LearningQueries, PolicyVersions):
         with self._read() as conn:
             return self._turns(conn, conn.execute(sql, params).fetchall())
 
+    def find_turns_by_output_hashes(
+        self, output_hashes: Sequence[str], session_id: str | None = None, limit: int = 20
+    ) -> dict[str, list[TurnRecord]]:
+        """:meth:`find_turns_by_output_hash` for several hashes in one query: ``hash -> turns``
+        (newest first, at most ``limit`` each; every hash asked for is a key). The gateway
+        looks up every assistant message of a history at once: one round trip instead of one
+        per message."""
+        wanted = list(dict.fromkeys(output_hashes))
+        out: dict[str, list[TurnRecord]] = {h: [] for h in wanted}
+        with self._read() as conn:
+            for start in range(0, len(wanted), _SQL_CHUNK):
+                chunk = wanted[start : start + _SQL_CHUNK]
+                where = f"output_hash IN ({', '.join('?' * len(chunk))})"
+                params: list[Any] = [*chunk]
+                if session_id is not None:
+                    where += " AND session_id = ?"
+                    params.append(session_id)
+                rows = conn.execute(
+                    "SELECT * FROM (SELECT t.*, ROW_NUMBER() OVER (PARTITION BY output_hash "
+                    "ORDER BY created_at DESC, rowid DESC) AS nth FROM turns t "
+                    f"WHERE {where}) ranked WHERE nth <= ? ORDER BY created_at DESC, nth",
+                    [*params, int(limit)],
+                ).fetchall()
+                for turn in self._turns(conn, rows):
+                    out[turn.output_hash or ""].append(turn)
+        return out
+
     def find_turns_by_prompt(
         self,
         prompt_ids: Sequence[int],
