@@ -1,7 +1,7 @@
 # clawrl: two commands for a fresh machine (see README.md)
 #   make demo   create .venv, install, run the main job on the embedded model
-#   make test   create .venv, install dev extras, vLLM (.vllm/), bubblewrap and chromium, run ruff,
-#               mypy and pytest
+#   make test   create .venv, install dev extras, vLLM (.vllm/), bubblewrap, chromium and PostgreSQL,
+#               run ruff, mypy and pytest
 #
 # GPU machines: override the torch requirement, e.g. `make demo TORCH_SPEC=torch` installs
 # PyPI's default (CUDA) build instead of the pinned CPU build.
@@ -24,7 +24,7 @@ define apt_need
   fi; }
 endef
 
-.PHONY: demo test install dev lint harnesses vllm sandbox browser e2e typecheck bench clean
+.PHONY: demo test install dev lint harnesses vllm sandbox browser postgres e2e typecheck bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -77,10 +77,19 @@ browser:
 	$(call apt_need,chromium,chromium,CLAWRL_ALLOW_NO_BROWSER)
 	@command -v chromium >/dev/null && echo "browser: $$(chromium --version 2>/dev/null)" || true
 
+# PostgreSQL for the store's second backend (Debian's package; apt-get needs root). The tests
+# start a throwaway cluster of their own with its initdb/pg_ctl, as an unprivileged system user
+# when run as root (clawrl.store.pgtest); they never use the package's default cluster. Without
+# it the PostgreSQL tests fail, unless CLAWRL_ALLOW_NO_POSTGRES=1 skips them explicitly.
+PG_INITDB = $(firstword $(wildcard /usr/lib/postgresql/*/bin/initdb) initdb)
+postgres:
+	$(call apt_need,$(PG_INITDB),postgresql,CLAWRL_ALLOW_NO_POSTGRES)
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && echo "postgres: $$(ls -d /usr/lib/postgresql/*/bin | tail -1)" || true
+
 e2e: $(VENV)/.dev harnesses
 	$(BIN)/pytest -q -m e2e tests/e2e
 
-test: lint harnesses vllm sandbox browser
+test: lint harnesses vllm sandbox browser postgres
 	$(BIN)/pytest -q
 
 typecheck: $(VENV)/.dev

@@ -17,6 +17,8 @@ What is built, from :class:`clawrl.config.Config`:
   training never changes the judge) and the online loop (:class:`~clawrl.trainer.service.
   OnlineService`: judge worker + learner), run by the app's lifespan; with ``online=False``
   (harness mode): a :class:`~clawrl.trainer.Trainer` the caller steps itself;
+* without training: a :class:`~clawrl.gateway.versions.VersionFollower` in the app's lifespan,
+  so a replica serves each policy version the trainer (another replica) published in the store;
 * the gateway app (:func:`clawrl.gateway.create_app`) over all of it, with the live dashboard
   (:mod:`clawrl.dashboard`) mounted at ``/dashboard``.
 
@@ -30,7 +32,7 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from clawrl.config import Config
 from clawrl.engine import Engine
@@ -179,6 +181,8 @@ class Runtime:
         trainer: harness mode's trainer (``online=False`` with a training method), or ``None``.
         judge: the judge the online loop uses, or ``None``.
         dashboard: what ``/dashboard`` reads (the demo sets its ``demo`` view).
+        follows_versions: the app's lifespan loads the policy versions another process
+            publishes in the store (a replica that does not train: ``clawrl.gateway.versions``).
     """
 
     config: Config
@@ -191,6 +195,7 @@ class Runtime:
     trainer: Trainer | None = None
     judge: JudgeBundle | None = None
     dashboard: DashboardSource | None = None
+    follows_versions: bool = False
     _owned: list[Callable[[], None]] = field(default_factory=list, repr=False)
 
     def resume(self) -> int:
@@ -201,9 +206,13 @@ class Runtime:
         """A started :class:`clawrl.gateway.server.LiveServer` for the app (online loop on)."""
         from clawrl.gateway.server import LiveServer
 
-        return LiveServer(
-            self.app, host=host, port=port, lifespan="on" if self.service is not None else "off"
-        ).start()
+        return LiveServer(self.app, host=host, port=port, lifespan=self.lifespan).start()
+
+    @property
+    def lifespan(self) -> Literal["on", "off"]:
+        """uvicorn's ``lifespan`` setting for the app: ``"on"`` when it runs the online loop
+        or follows published versions (``clawrl.gateway.versions``)."""
+        return "on" if self.service is not None or self.follows_versions else "off"
 
     def close(self) -> None:
         """Close what the runtime built (engines, store), last built first; idempotent."""
@@ -281,10 +290,15 @@ def build_runtime(
 
             trainer = Trainer(policy.model, config.trainer, policy_version=engine.policy_version)
         name = model_name or (Path(spec).name if Path(spec).is_dir() else spec)
+        lifespan = service.lifespan if service is not None else None
+        if lifespan is None and online and config.server.version_poll_s > 0:
+            # a replica that does not train serves what the trainer published (gateway.versions)
+            from clawrl.gateway.versions import VersionFollower
+
+            lifespan = VersionFollower(store, engine, config.server.version_poll_s).lifespan
         app = create_app(
             engine, policy.tokenizer, store, model_name=name, api_key=api_key,
-            defaults=config.sampling,
-            lifespan=service.lifespan if service is not None else None,
+            defaults=config.sampling, lifespan=lifespan,
         )  # fmt: skip
         dashboard = mount_dashboard(app, DashboardSource(
             store, output_dir=Path(config.trainer.output_dir) if method.trains else None,
@@ -300,5 +314,6 @@ def build_runtime(
     return Runtime(
         config=config, policy=policy, engine=engine, store=store, app=app, model_name=name,
         service=service, trainer=trainer, judge=judge if service is not None else None,
-        dashboard=dashboard, _owned=owned,
+        dashboard=dashboard, follows_versions=service is None and lifespan is not None,
+        _owned=owned,
     )  # fmt: skip

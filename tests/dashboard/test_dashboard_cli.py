@@ -35,7 +35,7 @@ def report(live, tmp_path):
     for name in ("combine-seed0", "rl-seed0"):
         run = root / "runs" / name
         (run / "trainer").mkdir(parents=True)
-        src = sqlite3.connect(live.runtime.store.path)
+        src = sqlite3.connect(live.runtime.store.target)
         dst = sqlite3.connect(run / "store.db")
         src.backup(dst)
         src.close()

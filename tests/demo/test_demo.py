@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -145,7 +146,7 @@ def test_each_run_prints_its_dashboard_and_a_finished_run_opens_in_it(demo):
     args = argparse.Namespace(demo=str(report.parent), run="combine-seed0", store=None,
                               output_dir=None)  # fmt: skip
     store_path, out_dir, results_json, title = _paths(args)
-    assert store_path.name == "store.db" and out_dir is not None and results_json is not None
+    assert Path(store_path).name == "store.db" and out_dir is not None and results_json is not None
     assert "combine-seed0" in title
     result = load_demo_result(results_json, "combine-seed0")
     view = demo_view(result)

@@ -133,7 +133,7 @@ def test_retry_branch_and_concurrent_subagent(scripted_server, tmp_path):
     assert not errors
     assert a.choices[0].message.tool_calls[0].function.arguments != call.function.arguments
 
-    reopened = Store(served.store.path)  # a fresh connection: only committed data is visible
+    reopened = Store(served.store.target)  # a fresh connection: only committed data is visible
     try:
         turns = reopened.session_turns("tree")
         assert len(turns) == 4

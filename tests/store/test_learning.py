@@ -20,8 +20,8 @@ def _turns(store, n=3):
     return s.id, ids
 
 
-def test_judgment_roundtrip_and_unjudged_sessions(tmp_path):
-    with Store(tmp_path / "s.db") as store:
+def test_judgment_roundtrip_and_unjudged_sessions(store_target):
+    with Store(store_target("s")) as store:
         sid, ids = _turns(store)
         assert store.sessions_with_unjudged_turns() == [sid]
         for t in ids:
@@ -38,8 +38,8 @@ def test_judgment_roundtrip_and_unjudged_sessions(tmp_path):
             store.record_judgment(JudgmentRecord(ids[0], sid, 2, "stub"))
 
 
-def test_samples_are_decided_once(tmp_path):
-    with Store(tmp_path / "s.db") as store:
+def test_samples_are_decided_once(store_target):
+    with Store(store_target("s")) as store:
         sid, ids = _turns(store)
         for t in ids:
             store.record_judgment(JudgmentRecord(t, sid, None, "stub", reason="all abstained"))

@@ -13,6 +13,7 @@ from clawrl.store import (
     ApiProtocol,
     SessionSource,
     Store,
+    StoreConflict,
     TurnKind,
     TurnRecord,
     TurnStatus,
@@ -28,8 +29,8 @@ from clawrl.store import (
 
 
 @pytest.fixture
-def store(tmp_path: Path):
-    with Store(tmp_path / "clawrl.db") as s:
+def store(store_target):
+    with Store(store_target()) as s:
         yield s
 
 
@@ -100,8 +101,8 @@ def test_output_hash_is_canonical() -> None:
     assert output_hash("hi", [call]) != output_hash("hi")
 
 
-def test_turn_round_trip_survives_reopen(tmp_path: Path) -> None:
-    path = tmp_path / "clawrl.db"
+def test_turn_round_trip_survives_reopen(store_target) -> None:
+    path = store_target()
     with Store(path) as store:
         session = store.new_session(SessionSource.HEADER, client="claude-code", metadata={"a": 1})
         turn = _full_turn(session.id)
@@ -119,7 +120,7 @@ def test_turn_round_trip_survives_reopen(tmp_path: Path) -> None:
 
 def test_invalid_turns_are_refused(store: Store) -> None:
     session = store.new_session()
-    with pytest.raises(StoreError, match="FOREIGN KEY"):
+    with pytest.raises(StoreConflict, match=r"(?i)foreign key"):
         store.record_turn(TurnRecord("no-such-session", [1]))
     with pytest.raises(StoreError, match=r"turn\.status"):
         store.record_turn(TurnRecord(session.id, [1], status="weird"))  # type: ignore[arg-type]
@@ -127,7 +128,7 @@ def test_invalid_turns_are_refused(store: Store) -> None:
         store.record_turn(TurnRecord(session.id, [1], client={"x": object()}))
     turn = TurnRecord(session.id, [1])
     store.record_turn(turn)
-    with pytest.raises(StoreError, match="UNIQUE"):
+    with pytest.raises(StoreConflict):
         store.record_turn(turn)
     assert len(store.session_turns(session.id)) == 1
 
@@ -224,7 +225,7 @@ def test_feedback(store: Store) -> None:
     other = store.new_session()
     with pytest.raises(StoreError, match="not in session"):
         store.add_feedback(0.0, turn_id=turn.id, session_id=other.id)
-    with pytest.raises(StoreError, match="FOREIGN KEY"):
+    with pytest.raises(StoreConflict, match=r"(?i)foreign key"):
         store.add_feedback(0.0, session_id="missing")
     with pytest.raises(StoreError, match="exactly one"):
         store.feedback_for()
@@ -246,6 +247,14 @@ def test_find_turns_by_output_hash_and_prompt(store: Store) -> None:
     assert [t.id for t in store.find_turns_by_prompt([1, 2], session_id=s1.id)] == [t1.id]
     assert store.find_turns_by_prompt([1]) == []
     assert store.find_turns_by_prompt([1, 2], since_s=10.0, now=11.5) == [t2]
+    other, none = output_hash("other"), output_hash("none")
+    many = store.find_turns_by_output_hashes([h, other, none, h])
+    assert {k: [t.id for t in v] for k, v in many.items()} == {
+        h: [t2.id, t1.id], other: [t3.id], none: [],
+    }  # fmt: skip
+    assert [t.id for t in store.find_turns_by_output_hashes([h], limit=1)[h]] == [t2.id]
+    scoped = store.find_turns_by_output_hashes([h, other], session_id=s1.id)
+    assert [t.id for t in scoped[h]] == [t1.id] and [t.id for t in scoped[other]] == [t3.id]
 
 
 def test_find_extendable_turns(store: Store) -> None:
@@ -355,11 +364,16 @@ def test_not_a_database(tmp_path: Path) -> None:
         Store(bad)
 
 
-@pytest.mark.parametrize(
-    "url", ["postgresql://user@host:5432/db", "postgres://h/db", "sqlite://x.db"]
-)
-def test_a_database_url_is_refused_not_made_a_directory(tmp_path, monkeypatch, url):
+@pytest.mark.parametrize("url", ["sqlite://x.db", "mysql://u@h/db", "file://x.db"])
+def test_a_url_of_another_database_is_refused_not_made_a_directory(tmp_path, monkeypatch, url):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(StoreError, match="URL"):
+    with pytest.raises(StoreError, match="postgresql://"):
         Store(url)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_unreachable_postgresql_url_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(StoreError, match=r"cannot connect to the store postgresql://u:\*\*\*@"):
+        Store("postgresql://u:secret@127.0.0.1:1/db", timeout_s=2)
     assert list(tmp_path.iterdir()) == []

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import sqlite3
 import time
 
 import pytest
 
 from clawrl.errors import StoreError
 from clawrl.store import JudgmentRecord, SessionSource, Store, TurnRecord
-from clawrl.store.migrations import MIGRATIONS, migrate
-from clawrl.store.schema import MIGRATIONS_TABLE
+from clawrl.store.db import open_database
+from clawrl.store.migrations import MIGRATIONS, applied_version, migrate
 
 
 def _fill(path):
@@ -25,8 +24,8 @@ def _fill(path):
     return path
 
 
-def test_read_only_reads_and_refuses_every_write(tmp_path):
-    path = _fill(tmp_path / "s.db")
+def test_read_only_reads_and_refuses_every_write(tmp_path, store_target):
+    path = _fill(store_target("s"))
     before = sorted(p.name for p in tmp_path.iterdir())
     with Store(path, read_only=True) as store:
         assert store.count_sessions() == 3 and len(store.list_sessions()) == 3
@@ -47,20 +46,33 @@ def test_read_only_never_creates_or_migrates(tmp_path):
     junk.write_bytes(b"this is not sqlite" * 100)
     with pytest.raises(StoreError, match="not a clawrl store"):
         Store(junk, read_only=True)
-    old = tmp_path / "v1.db"  # a store of the first schema: no judgments table
-    conn = sqlite3.connect(old, isolation_level=None)
-    conn.execute(MIGRATIONS_TABLE)
-    migrate(conn, migrations=MIGRATIONS, target=1)
-    conn.close()
+
+
+def test_read_only_refuses_an_old_or_missing_store(store_target):
+    old = store_target("v1")  # a store of the first schema: no judgments table
+    db = open_database(old)
+    try:
+        with db.read() as conn:  # nothing there yet: not a store
+            assert applied_version(conn) == 0
+        if db.dialect == "postgresql":
+            with pytest.raises(StoreError, match="no trajectory store"):
+                Store(old, read_only=True)
+        migrate(db, migrations=MIGRATIONS, target=1)
+    finally:
+        db.close()
     with pytest.raises(StoreError, match="schema version 1"):
         Store(old, read_only=True)
-    conn = sqlite3.connect(old)
-    assert conn.execute("SELECT MAX(version) FROM schema_migrations").fetchone()[0] == 1
-    conn.close()
+    assert Store.exists(old)
+    db = open_database(old)
+    try:
+        with db.read() as conn:
+            assert applied_version(conn) == 1  # nothing was migrated
+    finally:
+        db.close()
 
 
-def test_session_search_counts_and_escapes_wildcards(tmp_path):
-    with Store(_fill(tmp_path / "s.db")) as store:
+def test_session_search_counts_and_escapes_wildcards(store_target):
+    with Store(_fill(store_target("s"))) as store:
         assert [s.session.id for s in store.list_sessions(query="CLAUDE")] == ["a_1"]
         assert store.count_sessions("a_") == 1  # '_' is a literal underscore
         assert store.count_sessions("%") == 1  # only b%2 has a percent sign
@@ -70,8 +82,8 @@ def test_session_search_counts_and_escapes_wildcards(tmp_path):
         assert [s.session.id for s in store.list_sessions(limit=5, offset=2)] == ["a_1"]
 
 
-def test_activity_counts_calls_not_choices(tmp_path):
-    with Store(tmp_path / "s.db") as store:
+def test_activity_counts_calls_not_choices(store_target):
+    with Store(store_target("s")) as store:
         store.get_or_create_session("s", source=SessionSource.HEADER)
         now = time.time()
         for i in range(2):  # one call with n=2
@@ -84,8 +96,8 @@ def test_activity_counts_calls_not_choices(tmp_path):
         assert act["prompt_tokens"] == 6 and act["turns_total"] == 3
 
 
-def test_judgment_counts_separate_skipped_turns_from_abstentions(tmp_path):
-    with Store(_fill(tmp_path / "s.db")) as store:
+def test_judgment_counts_separate_skipped_turns_from_abstentions(store_target):
+    with Store(_fill(store_target("s"))) as store:
         store.record_judgment(JudgmentRecord("y", "a_1", None, "worker", reason="no_next_state"))
         store.record_judgment(JudgmentRecord("z", "a_1", None, "worker", reason="timeout"))
         store.record_judgment(JudgmentRecord("w", "a_1", None, "head", reason="all_abstained"))

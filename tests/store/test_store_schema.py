@@ -1,58 +1,74 @@
-"""The one schema declaration: version, migrations, and agreement with the record dataclasses."""
+"""The one schema declaration: version, migrations, agreement with the record dataclasses, and
+the same schema on SQLite and PostgreSQL (every test runs on both backends where it applies)."""
 
 from __future__ import annotations
 
-import sqlite3
-from pathlib import Path
+import threading
 
 import pytest
 
 from clawrl.errors import StoreError
 from clawrl.store import SCHEMA_VERSION, Store
+from clawrl.store.db import Database, open_database
 from clawrl.store.migrations import MIGRATIONS, Migration, applied_version, migrate
 from clawrl.store.rows import FEEDBACK_FIELDS, SESSION_FIELDS, TURN_FIELDS, turn_to_row
 from clawrl.store.schema import (
     DERIVED_TURN_COLUMNS,
     MIGRATIONS_TABLE,
     SCHEMA,
+    STORAGE_TURN_COLUMNS,
+    Dialect,
     describe_schema,
+    portable_schema,
+    render_ddl,
     table_columns,
 )
 from clawrl.store.types import TurnRecord
 
-JUDGMENTS = """CREATE TABLE extra_verdicts (
+EXTRA = """CREATE TABLE extra_verdicts (
     id TEXT PRIMARY KEY,
     turn_id TEXT NOT NULL REFERENCES turns (id),
     score REAL NOT NULL
 )"""
 
-
-def _connect(path: Path) -> sqlite3.Connection:
-    return sqlite3.connect(path, isolation_level=None)
-
-
-def _build_by_migrations(path: Path, migrations: tuple[Migration, ...]) -> None:
-    """A file as an older clawrl would have left it: the given migrations run one by one."""
-    conn = _connect(path)
-    conn.execute(MIGRATIONS_TABLE)
-    for m in migrations:
-        for statement in m.statements:
-            conn.execute(statement)
-        conn.execute(
-            "INSERT INTO schema_migrations VALUES (?, ?, ?)", (m.version, m.description, 0.0)
-        )
-    conn.close()
-
-
-def _describe(path: Path) -> dict:
-    conn = _connect(path)
-    try:
-        return describe_schema(conn)
-    finally:
-        conn.close()
-
-
 NEXT = SCHEMA_VERSION + 1
+TABLES = {"schema_migrations", "sessions", "turns", "feedback", "judgments", "samples",
+          "policy_versions"}  # fmt: skip
+
+
+def _build_by_migrations(db: Database, migrations: tuple[Migration, ...]) -> None:
+    """A database as an older clawrl would have left it: the given migrations run one by one."""
+    with db.write() as conn:
+        conn.execute(render_ddl(MIGRATIONS_TABLE, conn.dialect))
+        for m in migrations:
+            for statement in m.statements:
+                conn.execute(render_ddl(statement, conn.dialect))
+            conn.execute(
+                "INSERT INTO schema_migrations (version, description, applied_at) VALUES (?, ?, ?)",
+                (m.version, m.description, 0.0),
+            )
+
+
+def _describe(db: Database, portable: bool = False) -> dict:
+    with db.read() as conn:
+        if portable:
+            return portable_schema(conn, conn.dialect)
+        return describe_schema(conn, conn.dialect)
+
+
+@pytest.fixture
+def open_db(store_target):
+    """Factory: a :class:`Database` on ``store_target(name)``, closed after the test."""
+    opened: list[Database] = []
+
+    def make(name: str) -> Database:
+        db = open_database(store_target(name))
+        opened.append(db)
+        return db
+
+    yield make
+    for db in opened:
+        db.close()
 
 
 def test_version_is_last_migration() -> None:
@@ -60,106 +76,124 @@ def test_version_is_last_migration() -> None:
     assert MIGRATIONS[-1].version == SCHEMA_VERSION
 
 
-def test_fresh_and_migrated_files_have_identical_schema(tmp_path: Path) -> None:
-    with Store(tmp_path / "fresh.db") as store:
+def test_fresh_and_migrated_stores_have_identical_schema(store_target, open_db) -> None:
+    with Store(store_target("fresh")) as store:
         assert store.schema_version == SCHEMA_VERSION
-    _build_by_migrations(tmp_path / "old.db", MIGRATIONS[:1])
-    with Store(tmp_path / "old.db") as store:
-        assert store.schema_version == SCHEMA_VERSION
-    fresh, migrated = _describe(tmp_path / "fresh.db"), _describe(tmp_path / "old.db")
-    assert fresh == migrated
-    assert set(fresh) == {
-        "schema_migrations",
-        "sessions",
-        "turns",
-        "feedback",
-        "judgments",
-        "samples",
-    }
-    conn = _connect(tmp_path / "fresh.db")
-    versions = [r[0] for r in conn.execute("SELECT version FROM schema_migrations")]
-    conn.close()
-    assert versions == [m.version for m in MIGRATIONS]
+    for first in (1, 3):  # from version 1, and from the last version before deltas
+        old = f"old{first}"
+        _build_by_migrations(open_db(old), MIGRATIONS[:first])
+        with Store(store_target(old)) as store:
+            assert store.schema_version == SCHEMA_VERSION
+        fresh, migrated = _describe(open_db("fresh")), _describe(open_db(old))
+        assert fresh == migrated
+        assert set(fresh) == TABLES
+    db = open_db("fresh")
+    with db.read() as conn:
+        versions = [r[0] for r in conn.execute("SELECT version FROM schema_migrations")]
+    assert sorted(versions) == [m.version for m in MIGRATIONS]
 
 
-def test_record_fields_match_columns(tmp_path: Path) -> None:
+def test_both_dialects_have_the_same_schema(pg_cluster, tmp_path) -> None:
+    """The one declaration gives SQLite and PostgreSQL the same tables, columns, types,
+    defaults, keys and indexes (in portable terms), fresh and migrated."""
+    from clawrl.store.pgtest import schema_url
+
+    targets = {"sqlite": str(tmp_path / "s.db"), "postgresql": schema_url(pg_cluster)}
+    described = {}
+    for name, target in targets.items():
+        with Store(target):
+            pass
+        db = open_database(target)
+        try:
+            described[name] = _describe(db, portable=True)
+        finally:
+            db.close()
+    assert described["sqlite"] == described["postgresql"]
+    assert set(described["sqlite"]) == TABLES
+    turns = [c[0] for c in described["postgresql"]["turns"]["columns"]]
+    assert turns[-3:] == list(STORAGE_TURN_COLUMNS)
+
+
+def test_render_ddl() -> None:
+    pg = render_ddl(SCHEMA[2], Dialect.POSTGRESQL)
+    assert "rowid BIGINT GENERATED ALWAYS AS IDENTITY" in pg
+    assert "created_at DOUBLE PRECISION NOT NULL" in pg and "prompt_ids BYTEA NOT NULL" in pg
+    assert "policy_version BIGINT NOT NULL" in pg and " REAL" not in pg and "BLOB" not in pg
+    assert render_ddl("ALTER TABLE t ADD COLUMN x REAL", Dialect.POSTGRESQL).endswith(
+        "x DOUBLE PRECISION"
+    )
+    assert render_ddl(SCHEMA[2], Dialect.SQLITE) == SCHEMA[2]
+
+
+def test_record_fields_match_columns(store_target) -> None:
     """Fails when a record dataclass and its table drift apart (code vs schema)."""
-    with Store(tmp_path / "s.db") as store:
-        conn = store._conn()
-        turns = table_columns(conn, "turns")
-        assert set(turns) == set(TURN_FIELDS) | set(DERIVED_TURN_COLUMNS)
-        assert len(turns) == len(TURN_FIELDS) + len(DERIVED_TURN_COLUMNS)
+    with Store(store_target("s")) as store, store._read() as conn:
+        turns = table_columns(conn, "turns", conn.dialect)
+        stored = set(TURN_FIELDS) | set(DERIVED_TURN_COLUMNS) | set(STORAGE_TURN_COLUMNS)
+        assert set(turns) == stored
+        assert len(turns) == len(stored)
         assert set(turn_to_row(TurnRecord("s", [1])).keys()) == set(turns)
-        assert table_columns(conn, "sessions") == list(SESSION_FIELDS)
-        assert set(table_columns(conn, "feedback")) == set(FEEDBACK_FIELDS)
+        assert table_columns(conn, "sessions", conn.dialect) == list(SESSION_FIELDS)
+        assert set(table_columns(conn, "feedback", conn.dialect)) == set(FEEDBACK_FIELDS)
 
 
-def test_declaration_matches_a_file_built_from_it(tmp_path: Path) -> None:
-    conn = _connect(tmp_path / "decl.db")
-    for statement in SCHEMA:
-        conn.execute(statement)
-    conn.execute(MIGRATIONS_TABLE)
-    conn.close()
-    with Store(tmp_path / "store.db"):
+def test_declaration_matches_a_store_built_from_it(open_db, store_target) -> None:
+    decl = open_db("decl")
+    with decl.write() as conn:
+        for statement in SCHEMA:
+            conn.execute(render_ddl(statement, conn.dialect))
+        conn.execute(render_ddl(MIGRATIONS_TABLE, conn.dialect))
+    with Store(store_target("store")):
         pass
-    assert _describe(tmp_path / "decl.db") == _describe(tmp_path / "store.db")
+    assert _describe(decl) == _describe(open_db("store"))
 
 
-def test_a_new_migration_upgrades_old_files_and_keeps_data(tmp_path: Path) -> None:
-    migrations = (*MIGRATIONS, Migration(NEXT, "extra", (JUDGMENTS,)))
-    schema = (*SCHEMA, JUDGMENTS)
-    old = tmp_path / "old.db"
-    with Store(old) as store:  # a current file with data
+def test_a_new_migration_upgrades_old_stores_and_keeps_data(store_target, open_db) -> None:
+    migrations = (*MIGRATIONS, Migration(NEXT, "extra", (EXTRA,)))
+    schema = (*SCHEMA, EXTRA)
+    with Store(store_target("old")) as store:  # a current store with data
         session = store.new_session()
         turn_id = store.record_turn(TurnRecord(session.id, [1, 2], [3], [-0.5]))
-    conn = _connect(old)
-    assert migrate(conn, migrations=migrations, schema=schema, version=NEXT) == NEXT
-    assert applied_version(conn) == NEXT
-    conn.execute("INSERT INTO extra_verdicts VALUES ('j', ?, 1.0)", (turn_id,))
-    conn.close()
-    fresh = _connect(tmp_path / "fresh.db")
-    migrate(fresh, migrations=migrations, schema=schema, version=NEXT)
-    fresh.close()
-    assert _describe(old) == _describe(tmp_path / "fresh.db")
+    old = open_db("old")
+    assert migrate(old, migrations=migrations, schema=schema, version=NEXT) == NEXT
+    with old.write() as conn:
+        assert applied_version(conn) == NEXT
+        conn.execute("INSERT INTO extra_verdicts (id, turn_id, score) VALUES ('j', ?, 1.0)",
+                      (turn_id,))  # fmt: skip
+    migrate(open_db("fresh"), migrations=migrations, schema=schema, version=NEXT)
+    assert _describe(old) == _describe(open_db("fresh"))
     # Forgetting to update the declaration is caught by the comparison.
-    drifted = _connect(tmp_path / "drifted.db")
-    migrate(drifted, migrations=migrations, schema=SCHEMA, version=NEXT)
-    drifted.close()
-    assert _describe(old) != _describe(tmp_path / "drifted.db")
-    # This code refuses the newer file instead of misreading it.
+    migrate(open_db("drifted"), migrations=migrations, schema=SCHEMA, version=NEXT)
+    assert _describe(old) != _describe(open_db("drifted"))
+    # This code refuses the newer store instead of misreading it.
     with pytest.raises(StoreError, match="newer"):
-        Store(old)
+        Store(store_target("old"))
 
 
-def test_failed_migration_rolls_back(tmp_path: Path) -> None:
-    path = tmp_path / "s.db"
-    with Store(path):
+def test_failed_migration_rolls_back(store_target, open_db) -> None:
+    with Store(store_target("s")):
         pass
-    bad = (*MIGRATIONS, Migration(NEXT, "bad", ("CREATE TABLE x (a INT)", "NOT SQL")))
-    conn = _connect(path)
+    bad = (*MIGRATIONS, Migration(NEXT, "bad", ("CREATE TABLE x (a INTEGER)", "NOT SQL")))
+    db = open_db("s")
     with pytest.raises(StoreError, match="migration failed"):
-        migrate(conn, migrations=bad, schema=SCHEMA, version=NEXT)
-    assert applied_version(conn) == SCHEMA_VERSION
-    assert "x" not in describe_schema(conn)
-    conn.close()
+        migrate(db, migrations=bad, schema=SCHEMA, version=NEXT)
+    with db.read() as conn:
+        assert applied_version(conn) == SCHEMA_VERSION
+        assert "x" not in conn.user_tables()
 
 
-def test_misnumbered_migrations_are_refused(tmp_path: Path) -> None:
-    conn = _connect(tmp_path / "s.db")
+def test_misnumbered_migrations_are_refused(open_db) -> None:
     with pytest.raises(StoreError, match="numbered"):
-        migrate(conn, migrations=(Migration(2, "x"),), schema=SCHEMA, version=2)
-    conn.close()
+        migrate(open_db("s"), migrations=(Migration(2, "x"),), schema=SCHEMA, version=2)
 
 
-def test_opening_twice_concurrently_is_safe(tmp_path: Path) -> None:
-    import threading
-
-    path = tmp_path / "s.db"
+def test_opening_concurrently_is_safe(store_target) -> None:
+    target = store_target("s")
     errors: list[BaseException] = []
 
     def open_it() -> None:
         try:
-            with Store(path) as store:
+            with Store(target) as store:
                 store.new_session()
         except BaseException as exc:  # collected and asserted below
             errors.append(exc)
@@ -170,5 +204,5 @@ def test_opening_twice_concurrently_is_safe(tmp_path: Path) -> None:
     for t in threads:
         t.join(timeout=30)
     assert not errors
-    with Store(path) as store:
+    with Store(target) as store:
         assert len(store.list_sessions()) == 4

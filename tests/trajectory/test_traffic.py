@@ -22,6 +22,7 @@ from clawrl.gateway import create_app
 from clawrl.gateway.testing import ScriptedEngine
 from clawrl.gateway.traffic import Recording, replay, rule_reply
 from clawrl.store import Store, TurnKind, TurnStatus
+from clawrl.store.chains import MIN_SHARED_IDS
 from clawrl.trajectory import load_tree, training_rows
 from clawrl.trajectory.next_state import NextStateRole, next_state
 from clawrl.trajectory.tree import RootReason
@@ -189,3 +190,65 @@ def test_claude_preflight_is_answered(replayed):
     ]
     assert len(formats) == 1 and formats[0]["schema"]["required"] == ["title"]
     assert title.session_id == r.sessions[0]
+
+
+@pytest.mark.parametrize("key", sorted(REAL))
+def test_every_turn_rebuilds_id_for_id_from_its_stored_delta(tokenizer, tmp_path, key):
+    """Prompts are stored as deltas of the turn they extend (issue 21): each turn read back (by
+    a fresh store, nothing remembered) has exactly the ids the engine received, and every turn
+    whose parent's ``prompt + completion`` starts its prompt was stored as that delta."""
+    rec = Recording.load(FIXTURES / f"{key}.json.gz")
+    received: set[tuple[int, ...]] = set()
+    reply = rule_reply(tokenizer, rec.script)
+
+    def recording_reply(prompt_ids, params):
+        received.add(tuple(prompt_ids))
+        return reply(prompt_ids, params)
+
+    path = tmp_path / f"{key}.db"
+    with Store(path) as store:
+        engine = ScriptedEngine(tokenizer, reply_fn=recording_reply, max_context=1_000_000)
+        with TestClient(create_app(engine, tokenizer, store, model_name="tiny")) as client:
+            replay(client, rec)
+    with Store(path) as store:
+        turns = {t.id: t for sid in store.session_ids() for t in store.session_turns(sid)}
+        with store._read() as conn:
+            rows = {
+                r["id"]: r
+                for r in conn.execute(
+                    "SELECT id, prefix_turn_id, prefix_len, length(prompt_ids) AS stored FROM turns"
+                )
+            }
+    assert turns and set(turns) == set(rows)
+    deltas = whole = stored = 0
+    for turn in turns.values():
+        if turn.completion_ids:  # it reached the engine
+            assert tuple(turn.prompt_ids) in received, f"turn {turn.id} does not rebuild"
+        row = rows[turn.id]
+        parent = turns.get(turn.parent_turn_id or "")
+        extends = parent is not None and parent.seq_ids and (
+            turn.prompt_ids[: len(parent.seq_ids)] == parent.seq_ids
+        )  # fmt: skip
+        shared = 0
+        if parent is not None:
+            shared = next(
+                (
+                    i
+                    for i, (a, b) in enumerate(zip(parent.seq_ids, turn.prompt_ids, strict=False))
+                    if a != b
+                ),
+                min(len(parent.seq_ids), len(turn.prompt_ids)),
+            )
+        if extends or shared >= MIN_SHARED_IDS:
+            assert parent is not None and row["prefix_turn_id"] == parent.id
+            assert row["prefix_len"] == (len(parent.seq_ids) if extends else shared)
+            deltas += 1
+        else:
+            assert row["prefix_len"] == 0
+        assert row["stored"] == 4 * (len(turn.prompt_ids) - row["prefix_len"])
+        whole += 4 * len(turn.prompt_ids)
+        stored += row["stored"]
+    if deltas:
+        assert stored < whole, (key, deltas, stored, whole)
+    if key in ("claude-continue", "openclaw-session", "qwen-continue"):  # multi-call sessions
+        assert deltas >= 2, (key, deltas)

@@ -27,12 +27,23 @@ token boundaries of that tokenization (see :func:`render_prompt`).
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import itertools
+import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import jinja2
 
+from clawrl.chat.prefix_cache import (
+    context_key,
+    encode_segments,
+    prefix_renders,
+    text_prefix_digests,
+    tokenizer_key,
+)
 from clawrl.chat.tool_format import (
     assistant_message_text,
     reasoning_text,
@@ -65,11 +76,18 @@ class RenderedPrompt:
             whatever the template or renderer puts before the first message (BOS, a default or
             created system prompt). Messages that cannot be separated on a token boundary share
             one span (see :func:`render_prompt`).
+        spans_fn: computes ``message_spans``.
     """
 
     token_ids: list[int]
     text: str
-    message_spans: list[tuple[int, int]]
+    spans_fn: Callable[[], list[tuple[int, int]]] = field(repr=False, compare=False)
+
+    @functools.cached_property
+    def message_spans(self) -> list[tuple[int, int]]:
+        """Computed on first use (it renders every message prefix; a call whose history holds
+        no recorded answer never needs it)."""
+        return self.spans_fn()
 
 
 def supports_native_tools(tokenizer: PreTrainedTokenizerBase) -> bool:
@@ -161,41 +179,97 @@ def render_prompt(
             code="invalid_unicode",
         )
 
-    def encode(s: str) -> list[int]:
-        return tokenizer.encode(s, add_special_tokens=False)
+    encode_many = batch_encoder(tokenizer)
+    ids = encode_many([text])[0]
 
-    ids = encode(text)
-    spans = _message_spans(render, messages, text, ids, encode)
-    return RenderedPrompt(token_ids=ids, text=text, message_spans=spans)
+    def spans() -> list[tuple[int, int]]:
+        context = context_key(
+            _template_source(tokenizer), tokenizer.special_tokens_map, payload, extra, native,
+            default_system,
+        )  # fmt: skip
+        candidates = _span_candidates(lambda m: render(m, False), messages, text, context)
+        # every segment between candidate boundaries (and the tail after the last) in one
+        # tokenizer call, only those not tokenized on an earlier call: the common case, where
+        # every candidate is accepted
+        cuts = [0, *(char for _, char in candidates)]
+        segments = [text[a:b] for a, b in itertools.pairwise(cuts)]
+        encoded = encode_segments([*segments, text[cuts[-1] :]], encode_many,
+                                  tokenizer_key(tokenizer))  # fmt: skip
+        return _message_spans(messages, text, ids, candidates, encoded,
+                              lambda s: encode_many([s])[0])  # fmt: skip
+
+    return RenderedPrompt(token_ids=ids, text=text, spans_fn=spans)
+
+
+_BACKEND_OK: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def batch_encoder(tokenizer: PreTrainedTokenizerBase) -> Callable[[list[str]], list[list[int]]]:
+    """``texts -> ids per text``, without special tokens added: one call into a fast
+    tokenizer's Rust backend for all texts (the Python wrapper around ``tokenizer.encode`` cost
+    more than the tokenization itself); other tokenizers, or a backend that disagrees with
+    ``tokenizer.encode`` on a probe with special tokens, encode text by text."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    ok = _BACKEND_OK.get(tokenizer) if backend is not None else False
+    if ok is None and backend is not None:
+        probe = "".join(str(t) for t in getattr(tokenizer, "all_special_tokens", ())[:4])
+        probe += " Hello  world\n\n\tx = 1 <x>é✓ "
+        ok = backend.encode(probe, add_special_tokens=False).ids == (
+            tokenizer.encode(probe, add_special_tokens=False)
+        )
+        with contextlib.suppress(TypeError):  # not weak-referenceable: probed each time
+            _BACKEND_OK[tokenizer] = ok
+    if backend is not None and ok:
+        return lambda texts: [e.ids for e in backend.encode_batch(texts, add_special_tokens=False)]
+    return lambda texts: [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+
+
+def _span_candidates(
+    render: Callable[[Sequence[ChatMessage]], str],
+    messages: Sequence[ChatMessage],
+    text: str,
+    context: bytes,
+) -> list[tuple[int, int]]:
+    """Candidate boundaries: (number of messages, char offset) where the prefix's text is a
+    prefix of ``text`` (compared by sha1; prefix renders remembered across calls:
+    :mod:`clawrl.chat.prefix_cache`)."""
+    renders = prefix_renders(render, messages, context, jinja2.TemplateError)
+    digests = text_prefix_digests(text, [n for n, _ in renders])
+    candidates: list[tuple[int, int]] = []
+    last_char = 0
+    for k, (n, digest) in enumerate(renders, start=1):
+        if n >= last_char and digests.get(n) == digest:
+            candidates.append((k, n))
+            last_char = n
+    return candidates
 
 
 def _message_spans(
-    render: Callable[[Sequence[ChatMessage], bool], str],
     messages: Sequence[ChatMessage],
     text: str,
     ids: list[int],
+    candidates: list[tuple[int, int]],
+    pre_encoded: list[list[int]],
     encode: Callable[[str], list[int]],
 ) -> list[tuple[int, int]]:
-    # Candidate boundaries: (number of messages, char offset) where the prefix's text is a prefix.
-    candidates: list[tuple[int, int]] = []
-    last_char = 0
-    for k in range(1, len(messages) + 1):
-        try:
-            prefix = render(messages[:k], False)
-        except jinja2.TemplateError:
-            continue
-        if len(prefix) >= last_char and text.startswith(prefix):
-            candidates.append((k, len(prefix)))
-            last_char = len(prefix)
+    """One span per message from the candidate boundaries; ``pre_encoded`` holds the segments
+    between consecutive candidates and the tail after the last (used while every candidate so
+    far was accepted; after a rejected one, segments are encoded afresh)."""
     # Accepted boundaries: (number of messages, char offset, token offset).
     accepted = [(0, 0, 0)]
-    for k, char in candidates:
+    for j, (k, char) in enumerate(candidates):
         _, start_char, start_tok = accepted[-1]
-        segment = encode(text[start_char:char])
+        all_so_far = len(accepted) == j + 1
+        segment = pre_encoded[j] if all_so_far else encode(text[start_char:char])
         if ids[start_tok : start_tok + len(segment)] == segment:
             accepted.append((k, char, start_tok + len(segment)))
-    while len(accepted) > 1 and encode(text[accepted[-1][1] :]) != ids[accepted[-1][2] :]:
+    tail = pre_encoded[-1] if len(accepted) == len(candidates) + 1 else None
+    while len(accepted) > 1:
+        rest = tail if tail is not None else encode(text[accepted[-1][1] :])
+        if rest == ids[accepted[-1][2] :]:
+            break
         accepted.pop()
+        tail = None
     spans = []
     for i in range(len(messages)):
         start = max(tok for k, _, tok in accepted if k <= i)

@@ -19,6 +19,7 @@ from clawrl.cli import (
     judge,
     serve,
     sessions,
+    store,
 )
 from clawrl.errors import ClawrlError
 
@@ -40,6 +41,8 @@ Serve, record and train online (point any OpenAI/Anthropic client or harness at 
   clawrl sessions list                            what was recorded
   clawrl sessions show 3f2a9c0d11e4               one session as a prefix tree (id or prefix)
   clawrl export --out trajectories.jsonl          token ids, loss masks, log-probs
+  clawrl serve --store postgresql://u@db/clawrl   replicas on one PostgreSQL store
+  clawrl store copy clawrl.db postgresql://...    move a store to PostgreSQL (and back)
   clawrl dashboard --demo demo-report             the dashboard of a finished run (serve and
                                                   demo show it live at /dashboard)
 
@@ -49,7 +52,9 @@ Measure:
   clawrl harness train --tasks builtin            GRPO through an agent harness in a sandbox
 """
 
-_MODULES = [demo, generate, doctor, serve, sessions, dashboard, export_model, judge, eval, harness]
+_MODULES = [
+    demo, generate, doctor, serve, sessions, store, dashboard, export_model, judge, eval, harness,
+]  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:

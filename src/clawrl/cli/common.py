@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from clawrl.config import Config, load_config
+from clawrl.errors import StoreError
 
 
 def add_config_options(p: argparse.ArgumentParser) -> None:
@@ -40,3 +42,33 @@ def quiet_transformers() -> None:
         hf_logging.disable_progress_bar()
     except ImportError:  # pragma: no cover - transformers is a hard dependency
         pass
+
+
+STORE_HELP = (
+    "trajectory store: a SQLite file, or a PostgreSQL database as "
+    "postgresql://USER[:PASSWORD]@HOST[:PORT]/DB (default: server.store, clawrl.db)"
+)
+"""``--store`` help, the same for every command that takes a store."""
+
+
+def open_existing_store(target: str, *, read_only: bool = False) -> Any:
+    """Open the store at ``target`` (a file path or a ``postgresql://`` URL) that must exist
+    already; an older SQLite file is migrated unless ``read_only``.
+
+    Raises:
+        StoreError: nothing there (no file, or no store tables in the database), or it
+            cannot be opened.
+    """
+    from clawrl.store import Store, is_url
+
+    if not Store.exists(target):
+        what = "URL" if is_url(target) else "PATH"
+        raise StoreError(f"no trajectory store at {_shown(target)} (pass --store {what}; "
+                         "`clawrl serve --store TARGET` creates one)")  # fmt: skip
+    return Store(target, read_only=read_only)
+
+
+def _shown(target: str) -> str:
+    from clawrl.store.db import mask_url
+
+    return mask_url(str(target))

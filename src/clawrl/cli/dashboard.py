@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from clawrl.cli.common import STORE_HELP
 from clawrl.errors import ConfigError, StoreError
 
 
@@ -28,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "  clawrl dashboard --store clawrl.db --output-dir runs/online --port 8001",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--store", help="SQLite trajectory store (default clawrl.db)")
+    p.add_argument("--store", help=STORE_HELP.replace("server.store, ", ""))
     p.add_argument(
         "--output-dir",
         help="the trainer's output directory (metrics.jsonl, policies/); default: runs/online "
@@ -50,8 +51,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=run)
 
 
-def _paths(args: argparse.Namespace) -> tuple[Path, Path | None, Path | None, str]:
-    """(store, output_dir, results.json, title) from the flags.
+def _paths(args: argparse.Namespace) -> tuple[str, Path | None, Path | None, str]:
+    """(store: a file or a URL, output_dir, results.json, title) from the flags.
 
     Raises:
         ConfigError: a path that does not exist, or a demo directory without runs.
@@ -63,7 +64,7 @@ def _paths(args: argparse.Namespace) -> tuple[Path, Path | None, Path | None, st
         raise ConfigError("--run picks a run of --demo DIR; pass --demo too")
     if args.demo:
         root = Path(args.demo)
-        runs = sorted(p for p in (root / "runs").glob("*") if (p / "store.db").is_file())
+        runs = sorted(p for p in (root / "runs").glob("*") if _run_store(p) is not None)
         if not runs:
             raise ConfigError(f"{root} has no runs/*/store.db: is it a clawrl demo report?")
         run = next((r for r in runs if r.name == args.run), None) if args.run else runs[0]
@@ -72,11 +73,16 @@ def _paths(args: argparse.Namespace) -> tuple[Path, Path | None, Path | None, st
                 f"{root} has no run {args.run!r}; it has {', '.join(r.name for r in runs)}"
             )
         results = root / "results.json"
-        return (run / "store.db", run / "trainer", results if results.is_file() else None,
+        return (str(_run_store(run)), run / "trainer", results if results.is_file() else None,
                 f"demo {root.name} · {run.name}")  # fmt: skip
-    store = Path(args.store or "clawrl.db")
-    if not store.is_file():
-        raise ConfigError(f"no store at {store}: pass --store FILE (or --demo DIR)")
+    from clawrl.store import Store, is_url
+    from clawrl.store.db import mask_url
+
+    store = args.store or "clawrl.db"
+    if not Store.exists(store):
+        raise ConfigError(
+            f"no store at {mask_url(store)}: pass --store FILE or URL (or --demo DIR)"
+        )
     if args.output_dir:
         given = Path(args.output_dir)
         if not given.is_dir():
@@ -86,7 +92,17 @@ def _paths(args: argparse.Namespace) -> tuple[Path, Path | None, Path | None, st
         # clawrl serve's default output directory, but only beside the default store: a store
         # named elsewhere must not be drawn with another run's curves
         out = Path("runs/online") if args.store is None and Path("runs/online").is_dir() else None
-    return store, out, None, f"store {store.name}"
+    return store, out, None, f"store {mask_url(store) if is_url(store) else Path(store).name}"
+
+
+def _run_store(run: Path) -> str | Path | None:
+    """A demo run's store: its ``store.db``, or the URL in ``store.url`` (``clawrl demo
+    --store postgresql://...``); ``None`` when it has neither."""
+    if (run / "store.db").is_file():
+        return run / "store.db"
+    if (run / "store.url").is_file():
+        return (run / "store.url").read_text().strip()
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -110,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
         if results is not None:
             # the same run as the store: runs/<METHOD-seedN>/store.db
             try:
-                result = load_demo_result(results, store_path.parent.name)
+                result = load_demo_result(results, Path(output_dir or ".").parent.name)
             except StoreError as exc:  # an interrupted demo: its store, without evaluations
                 print(f"clawrl dashboard: no evaluations shown: {exc}")
                 result = None
@@ -122,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
         mount_dashboard(app, source)
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
         url = f"http://{_url_host(args.host)}:{sock.getsockname()[1]}/dashboard"
-        print(f"clawrl dashboard: {url}  (store: {store_path}, read-only; Ctrl-C stops)")
+        print(f"clawrl dashboard: {url}  (store: {store.target}, read-only; Ctrl-C stops)")
         if output_dir is None:
             print("  no trainer output directory (--output-dir DIR): no curves; the policy "
                   "version and step shown are the latest the store recorded")  # fmt: skip

@@ -58,6 +58,10 @@ config.toml (what ran), results.json, and each run's store and trained adapter u
                    help="evaluate on validation problems carved out of the training split "
                    "(and kept out of training) instead of the held-out ones: choose "
                    "hyperparameters with this, never on held-out scores")  # fmt: skip
+    p.add_argument("--store", metavar="URL",
+                   help="keep each run's store in this PostgreSQL database "
+                   "(postgresql://USER@HOST:PORT/DB), one schema per run (clawrl_demo_METHOD_"
+                   "seedN, emptied first); default: a SQLite file per run under --out")  # fmt: skip
     add_config_options(p)
     p.set_defaults(func=run)
 
@@ -97,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         scenario=scenario, methods=methods, seeds=seeds, steps=steps, eval_steps=evals,
         batch_size=batch, eval_problems=problems, max_tokens=args.max_tokens,
         concurrency=args.concurrency, dataset=args.dataset, out_dir=args.out,
-        validation=args.validation,
+        validation=args.validation, store=args.store,
     )  # fmt: skip
     console = Console()
     tty = console.is_terminal

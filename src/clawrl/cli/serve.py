@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from clawrl.cli.common import add_config_options, quiet_transformers
+from clawrl.cli.common import STORE_HELP, add_config_options, quiet_transformers
 from clawrl.cli.options import add_engine_options, add_online_options, config_with_flags
 from clawrl.errors import ConfigError
 
@@ -42,7 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--model", help="model spec (default: smollm2-135m, the embedded model)")
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="TCP port (default 8000; 0 picks a free one)")
-    p.add_argument("--store", help="SQLite trajectory store (default clawrl.db)")
+    p.add_argument("--store", help=STORE_HELP.replace("server.store, ", ""))
     p.add_argument("--api-key", help=f"require this bearer key (or set ${API_KEY_ENV})")
     p.add_argument("--served-model-name", help="name in /v1/models (default: the model spec)")
     p.add_argument(
@@ -195,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
     from clawrl.runtime import build_runtime
 
     err = Console(stderr=True)
-    spec, store_path, method = cfg.model.spec, cfg.server.store, cfg.trainer.method
+    spec, method = cfg.model.spec, cfg.trainer.method
     with err.status(f"loading {spec}" + (" and the judge" if method.trains else "")):
         runtime = build_runtime(cfg, model_name=args.served_model_name, api_key=api_key)
     try:
@@ -214,7 +214,8 @@ def run(args: argparse.Namespace) -> int:
         bound = sock.getsockname()[1]
         base = f"http://{_url_host(host)}:{bound}/v1"
         auth = ' -H "Authorization: Bearer $CLAWRL_API_KEY"' if api_key else ""
-        print(f"clawrl gateway: serving {name} at {base}  (store: {store_path})", flush=True)
+        print(f"clawrl gateway: serving {name} at {base}  (store: {runtime.store.target})",
+              flush=True)  # fmt: skip
         if not args.quiet:
             runtime.app.state.gateway.turn_listeners.append(
                 lambda turns: print(request_line(turns), flush=True)
@@ -233,7 +234,7 @@ def run(args: argparse.Namespace) -> int:
         )
         grace = max(0.0, float(args.shutdown_grace))
         config = uvicorn.Config(
-            runtime.app, log_level="warning", lifespan="on" if runtime.service else "off",
+            runtime.app, log_level="warning", lifespan=runtime.lifespan,
             timeout_graceful_shutdown=int(grace) + 30,  # after the engine has ended the rest
         )  # fmt: skip
         server = _server(config, runtime.engine.close, grace)

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
-from clawrl.cli.common import add_config_options, config_from_args
+from clawrl.cli.common import STORE_HELP, add_config_options, config_from_args, open_existing_store
 from clawrl.errors import StoreError
 
 
@@ -53,22 +52,17 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _store_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--store", help="SQLite trajectory store (default: server.store, clawrl.db)")
+    p.add_argument("--store", help=STORE_HELP)
     add_config_options(p)
 
 
 def _open_store(args: argparse.Namespace) -> Any:
-    """Open the existing store named by ``--store`` or the config.
+    """Open the existing store named by ``--store`` or the config (a file or a URL).
 
     Raises:
-        StoreError: no store file there.
+        StoreError: no store there.
     """
-    from clawrl.store import Store
-
-    path = args.store or config_from_args(args).server.store
-    if not Path(path).is_file():
-        raise StoreError(f"no trajectory store at {path} (pass --store PATH)")
-    return Store(path)
+    return open_existing_store(args.store or config_from_args(args).server.store)
 
 
 def run_list(args: argparse.Namespace) -> int:

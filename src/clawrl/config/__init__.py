@@ -152,7 +152,19 @@ class ServerConfig(_Section):
     api_key: str | None = Field(
         None, description="Required bearer key; needed to bind a non-loopback address."
     )
-    store: str = Field("clawrl.db", min_length=1, description="SQLite trajectory store path.")
+    store: str = Field(
+        "clawrl.db",
+        min_length=1,
+        description="Trajectory store: a SQLite file path, or a PostgreSQL database "
+        "(postgresql://USER[:PASSWORD]@HOST[:PORT]/DB) that several replicas share.",
+    )
+    version_poll_s: float = Field(
+        2.0,
+        ge=0.0,
+        le=3600.0,
+        description="A replica that does not train checks the store for a newer published "
+        "policy version this often (seconds) and serves it; 0: never.",
+    )
 
 
 class TrainerConfig(_Section):

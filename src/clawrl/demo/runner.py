@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from clawrl.config import Config, expand_method
 from clawrl.demo.stats import bootstrap_ci, sessions_to_converge
+from clawrl.errors import ConfigError
 
 if TYPE_CHECKING:
     from clawrl.envs import EvalResult, ScenarioSpec, SessionLog
@@ -63,6 +64,8 @@ class DemoSettings:
         validation: evaluate on validation problems carved out of the training split (and
             kept out of the training sessions) instead of the held-out ones: for choosing
             hyperparameters without ever scoring on held-out problems.
+        store: a ``postgresql://`` URL: each run's store is a schema of its own in that
+            database (:func:`run_store`); ``None``: a SQLite file per run.
     """
 
     scenario: str = "student"
@@ -82,6 +85,26 @@ class DemoSettings:
     timeout_s: float = 1800.0
     examples: int = 3
     validation: bool = False
+    store: str | None = None
+
+
+def run_store(settings: DemoSettings, run_dir: Path) -> str:
+    """One run's fresh store: ``run_dir/store.db``, or with ``settings.store`` a PostgreSQL URL
+    a schema of its own in that database (``clawrl_demo_<run>``, emptied first; the URL is
+    written to ``run_dir/store.url`` for ``clawrl dashboard --demo``)."""
+    from clawrl.store import is_url
+
+    if settings.store is None:
+        return str(run_dir / "store.db")
+    if not is_url(settings.store):
+        raise ConfigError("clawrl demo --store takes a postgresql:// URL (each run keeps its "
+                          "SQLite store under its run directory)")  # fmt: skip
+    from clawrl.store.postgres import schema_url
+
+    name = "clawrl_demo_" + "".join(c if c.isalnum() else "_" for c in run_dir.name.lower())
+    url = schema_url(settings.store, name, fresh=True)
+    (run_dir / "store.url").write_text(url + "\n")
+    return url
 
 
 SESSIONS_PER_POOL = 8
@@ -293,7 +316,7 @@ def run_method(
     max_tokens = settings.max_tokens or spec.answer.max_tokens
     temperature = spec.answer.temperature if settings.temperature is None else settings.temperature
     max_turns = settings.max_turns or spec.answer.max_turns
-    runtime = build_runtime(mcfg, policy=policy, store=run_dir / "store.db", judge=judge)
+    runtime = build_runtime(mcfg, policy=policy, store=run_store(settings, run_dir), judge=judge)
     service = runtime.service
     assert service is not None, "the demo trains: its method is never 'off'"
     service.step_limit = 0

@@ -43,7 +43,7 @@ from typing import Any
 
 from clawrl.chat import ChatMessage
 from clawrl.errors import ClientInputError
-from clawrl.store import SessionSource, Store, TurnRecord, TurnStatus
+from clawrl.store import SessionSource, Store, TurnRecord, TurnStatus, encode_ids
 
 SESSION_HEADERS = ("x-session-id", "x-claude-code-session-id", "session-id")
 """Headers that name a session, in priority order (compared in lower case)."""
@@ -288,6 +288,9 @@ class CallSignals:
             call's history, in order.
         find_by_output: ``output hash -> turns`` (newest first, any session), the lookup the
             splice step already made; ``None``: query the store.
+        end_ids: the tokenizer's special ids: a recorded call's ``prompt + completion`` can
+            only end next to one of them inside a later prompt (:func:`turn_ends`); ``None``:
+            look for every length recorded recently (a scan that grows with traffic).
     """
 
     retry_count: int | None = None
@@ -295,10 +298,28 @@ class CallSignals:
     client: Mapping[str, Any] | None = None
     echo_hashes: tuple[str, ...] = ()
     find_by_output: Callable[[str], list[TurnRecord]] | None = None
+    end_ids: frozenset[int] | None = None
 
     @property
     def client_key(self) -> str | None:
         return None if self.client is None else client_key(self.client)
+
+
+def turn_ends(prompt_ids: Sequence[int], end_ids: frozenset[int]) -> list[int]:
+    """Where a recorded call's ``prompt + completion`` can end inside ``prompt_ids``: right
+    before or after each special token (a completion ends with the end-of-turn token, or is
+    cut and followed by the one the template adds; a retry's prompt is the whole prompt), and
+    at the end. Found with ``bytes.find`` on the int32 encoding, not a Python loop."""
+    data = encode_ids(prompt_ids)
+    out = {len(prompt_ids)}
+    for special in end_ids:
+        needle = encode_ids([special])
+        at = data.find(needle)
+        while at >= 0:
+            if at % 4 == 0:
+                out.update((at // 4, at // 4 + 1))
+            at = data.find(needle, at + 1)
+    return sorted(out)
 
 
 def link_call(
@@ -344,9 +365,11 @@ def link_call(
     either that extends an answer both received identically joins the newer session (rule 1).
     """
     prompt = list(prompt_ids)
-    for turn in store.find_extendable_turns(prompt, since_s=INFER_WINDOW_S, limit=50):
-        if session_id is not None and turn.session_id != session_id:
-            continue
+    ends = None if signals.end_ids is None else turn_ends(prompt, signals.end_ids)
+    extendable = store.find_extendable_turns(
+        prompt, since_s=INFER_WINDOW_S, limit=16, lengths=ends, session_id=session_id
+    )  # longest first: the first with a completion is the one (older ones are its ancestors)
+    for turn in extendable:
         if not turn.completion_ids:
             if turn.prompt_ids != prompt or session_id is None:
                 continue  # no output to continue from; an inferred retry is rule 2's
@@ -424,12 +447,17 @@ def _dropped_answer_link(
 ) -> Link | None:
     if not generation_ids or len(prompt) <= MIN_CONTEXT_TOKENS:
         return None
+    contexts = None
+    if signals.end_ids is not None:  # a context ends at most 2 ids after an end-of-turn token
+        ends = turn_ends(prompt, signals.end_ids)
+        contexts = sorted({e + d for e in ends for d in (0, 1, 2) if e + d < len(prompt)})
     hits = store.find_dropped_answer_turns(
         prompt,
         generation_ids,
         since_s=DROPPED_WINDOW_S,
         min_context=MIN_CONTEXT_TOKENS,
         client_match=signals.client,
+        context_lengths=contexts,
     )
     sessions = {t.session_id for t in hits}
     if len(sessions) != 1:

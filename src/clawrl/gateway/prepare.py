@@ -1,7 +1,8 @@
 """From a chat request to the exact prompt ids the engine receives, and the call's place in the
 store: normalise, render, splice recorded ids, prefill forced tool calls, attribute the session.
 
-Everything here blocks (tokenizer, SQLite); routes run :func:`prepare_call` in a worker thread.
+Everything here blocks (tokenizer, store reads); routes run :func:`prepare_call` in a worker
+thread. Preparing writes nothing: a new session is created with the call's first turn.
 
 Forced tool calls: constrained decoding is not implemented, so with the fallback tool format
 (templates without native tools) ``tool_choice="required"`` prefills the assistant turn with
@@ -15,7 +16,10 @@ applies.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,7 +44,7 @@ from clawrl.gateway.attribution import (
 from clawrl.gateway.ephemeral import drop_ephemeral
 from clawrl.gateway.side_calls import side_kind_from_messages
 from clawrl.gateway.splice import generation_prompt_ids, message_output_hash, splice_history
-from clawrl.store import SessionSource, Store, TurnRecord
+from clawrl.store import SessionRecord, SessionSource, Store, TurnRecord, new_id
 
 
 @dataclass
@@ -66,6 +70,8 @@ class PreparedCall:
             evidence).
         dropped: notes on client messages left out of the prompt
             (:mod:`clawrl.gateway.ephemeral`); ``messages`` is without them.
+        new_session: the session to create with the call's first recorded turn (one commit
+            for both; ``None``: the session exists). Nothing is written while preparing.
     """
 
     messages: list[ChatMessage]
@@ -83,6 +89,20 @@ class PreparedCall:
     side_kind: str | None = None
     dropped: list[str] = field(default_factory=list)
     link: Link | None = None
+    new_session: SessionRecord | None = None
+
+
+_SPECIAL: weakref.WeakKeyDictionary[Any, frozenset[int]] = weakref.WeakKeyDictionary()
+
+
+def special_ids(tokenizer: Any) -> frozenset[int]:
+    """The tokenizer's special token ids (cached per tokenizer object)."""
+    found = _SPECIAL.get(tokenizer)
+    if found is None:
+        found = frozenset(int(i) for i in getattr(tokenizer, "all_special_ids", ()) or ())
+        with contextlib.suppress(TypeError):  # not weak-referenceable: computed each time
+            _SPECIAL[tokenizer] = found
+    return found
 
 
 def prefill_for(choice: ToolChoice, native: bool) -> str:
@@ -149,7 +169,7 @@ def prepare_messages(
 
     Raises:
         ClientInputError: (400) a template that rejects the conversation.
-        StoreError: the store could not be read or the session not created.
+        StoreError: the store could not be read.
     """
     messages, dropped = drop_ephemeral(messages)
     rendered = render_prompt(tokenizer, messages, tools, choice)
@@ -158,7 +178,19 @@ def prepare_messages(
     scope = explicit.session_id if explicit else None
     side_kind = side_kind or side_kind_from_messages(messages)
 
-    by_hash: dict[str, list[TurnRecord]] = {}  # global lookups, shared with the echo rule
+    # every assistant message's recorded turns, in one query (and one in the named session):
+    # the splice and the echo rule both read them
+    echo_hashes = tuple(
+        message_output_hash(m)
+        for m in messages
+        if m.role == "assistant" and (m.content or m.tool_calls)
+    )
+    by_hash = store.find_turns_by_output_hashes(echo_hashes) if echo_hashes else {}
+    in_scope = (
+        store.find_turns_by_output_hashes(echo_hashes, session_id=scope)
+        if scope and echo_hashes
+        else {}
+    )
 
     def find_anywhere(h: str) -> list[TurnRecord]:
         if h not in by_hash:
@@ -166,8 +198,7 @@ def prepare_messages(
         return by_hash[h]
 
     def find_turns(h: str) -> list[TurnRecord]:
-        found = store.find_turns_by_output_hash(h, session_id=scope) if scope else []
-        return found or find_anywhere(h)
+        return in_scope.get(h) or find_anywhere(h)
 
     spliced = splice_history(tokenizer, messages, rendered, find_turns)
     native = supports_native_tools(tokenizer)
@@ -179,24 +210,24 @@ def prepare_messages(
         side=side_kind is not None,
         client=client,
         find_by_output=find_anywhere,
-        echo_hashes=tuple(
-            message_output_hash(m)
-            for m in messages
-            if m.role == "assistant" and (m.content or m.tool_calls)
-        ),
+        end_ids=special_ids(tokenizer),
+        echo_hashes=echo_hashes,
     )
     gen = generation_prompt_ids(tokenizer) or []
     link: Link = link_call(store, prompt_ids, scope, signals, gen)
+    new_session: SessionRecord | None = None  # written with the call's first turn
     if explicit is not None:
         if store.get_session(explicit.session_id) is None:  # a read, not a write, when known
-            store.get_or_create_session(explicit.session_id, explicit.source, client=client_name)
+            new_session = SessionRecord(explicit.session_id, explicit.source, time.time(),
+                                        client=client_name)  # fmt: skip
         session_id, source, attribution = explicit.session_id, explicit.source, explicit.detail
     elif link.session_id is not None:
         session_id, source = link.session_id, SessionSource.INFERRED
         attribution = f"inferred:{link.detail}"
     else:
-        session = store.new_session(SessionSource.INFERRED, client=client_name)
-        session_id, source, attribution = session.id, SessionSource.INFERRED, "inferred:new"
+        new_session = SessionRecord(new_id(), SessionSource.INFERRED, time.time(),
+                                    client=client_name)  # fmt: skip
+        session_id, source, attribution = new_session.id, SessionSource.INFERRED, "inferred:new"
     return PreparedCall(
         messages=messages,
         tools=tools,
@@ -213,4 +244,5 @@ def prepare_messages(
         side_kind=side_kind,
         dropped=dropped,
         link=link,
+        new_session=new_session,
     )

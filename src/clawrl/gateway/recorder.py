@@ -20,12 +20,14 @@ Side calls (:attr:`PreparedCall.side_kind`) are recorded with kind ``side``, unt
 reason ``side_call`` (data, never loss); messages left out
 of the prompt are listed in ``sampling_params["dropped_messages"]``.
 
-Writes go through :meth:`clawrl.store.Store.record_turn` (committed and fsynced on return) in a
-worker thread, shielded from cancellation so a disconnecting client cannot interrupt them.
+Writes go through :meth:`clawrl.store.Store.record_turns` (one transaction per write, committed
+and fsynced on return; a new session's row is written with its first turn) in a worker thread,
+shielded from cancellation so a disconnecting client cannot interrupt them.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -40,7 +42,6 @@ from clawrl.engine.sampling import is_greedy
 from clawrl.gateway.prepare import PreparedCall
 from clawrl.store import (
     ApiProtocol,
-    Store,
     TurnKind,
     TurnRecord,
     TurnStatus,
@@ -213,11 +214,6 @@ def truncated_sampling(params: SamplingParams) -> bool:
     return params.top_k > 0 or params.top_p < 1.0
 
 
-def _write(store: Store, turns: list[TurnRecord]) -> None:
-    for turn in turns:
-        store.record_turn(turn)
-
-
 def notify_listeners(gw: GatewayState, turns: list[TurnRecord]) -> None:
     """Tell :attr:`GatewayState.turn_listeners` about one call's turns (a console line per
     call); a listener that fails is logged, never the call's failure."""
@@ -244,7 +240,9 @@ async def record_choices(
     turns = [build_turn(ctx, c) for c in choices]
     metrics = gw.metrics
     with anyio.CancelScope(shield=True):
-        await anyio.to_thread.run_sync(_write, gw.store, turns)
+        await anyio.to_thread.run_sync(
+            functools.partial(gw.store.record_turns, turns, session=ctx.prepared.new_session)
+        )
     if notify:
         notify_listeners(gw, turns)
     for turn in turns:

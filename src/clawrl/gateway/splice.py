@@ -129,11 +129,11 @@ def splice_history(
     for i, msg in enumerate(messages):
         if msg.role != "assistant" or not (msg.content or msg.tool_calls):
             continue
-        if i >= len(rendered.message_spans):
-            break
         turns = [t for t in find_turns(message_output_hash(msg)) if t.completion_ids]
         if not turns:
-            continue
+            continue  # (spans are computed only when a message was recorded: they cost renders)
+        if i >= len(rendered.message_spans):
+            break
         start, end = rendered.message_spans[i]
         for turn in turns:
             body = recorded_body(turn)

@@ -1,7 +1,10 @@
-"""The durable trajectory store: sessions, token-exact turns and feedback in one SQLite file.
+"""The durable trajectory store: sessions, token-exact turns, feedback, judgments, samples and
+published policy versions, in a SQLite file or a PostgreSQL database.
 
 See :class:`Store` for the API and durability, :mod:`clawrl.store.schema` for the one schema
-declaration and :mod:`clawrl.store.migrations` for adding tables and columns.
+declaration (both dialects), :mod:`clawrl.store.migrations` for adding tables and columns,
+:mod:`clawrl.store.chains` for prompts stored as deltas and :mod:`clawrl.store.copy` for
+copying a store between backends.
 """
 
 from clawrl.store.codec import (
@@ -14,6 +17,8 @@ from clawrl.store.codec import (
     output_hash,
     prefix_digests,
 )
+from clawrl.store.core import Store
+from clawrl.store.db import StoreConflict, is_url
 from clawrl.store.learning import (
     DropReason,
     JudgmentRecord,
@@ -21,7 +26,6 @@ from clawrl.store.learning import (
     SampleStatus,
 )
 from clawrl.store.schema import SCHEMA_VERSION
-from clawrl.store.sqlite import Store
 from clawrl.store.types import (
     ApiProtocol,
     FeedbackRecord,
@@ -35,6 +39,7 @@ from clawrl.store.types import (
     UntrainableReason,
     new_id,
 )
+from clawrl.store.versions import PolicyVersionRecord, WeightsKind
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -42,6 +47,7 @@ __all__ = [
     "DropReason",
     "FeedbackRecord",
     "JudgmentRecord",
+    "PolicyVersionRecord",
     "SampleRecord",
     "SampleStatus",
     "SessionRecord",
@@ -49,16 +55,19 @@ __all__ = [
     "SessionSummary",
     "SideKind",
     "Store",
+    "StoreConflict",
     "TurnKind",
     "TurnRecord",
     "TurnStatus",
     "UntrainableReason",
+    "WeightsKind",
     "canonical_output",
     "decode_floats",
     "decode_ids",
     "encode_floats",
     "encode_ids",
     "ids_digest",
+    "is_url",
     "new_id",
     "output_hash",
     "prefix_digests",

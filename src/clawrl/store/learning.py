@@ -9,7 +9,6 @@ written in the same transaction as the decision, and the trainer only picks turn
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
@@ -18,6 +17,7 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from clawrl.errors import StoreError
+from clawrl.store.db import Conn, StoreConflict
 from clawrl.store.rows import dump_json, load_json
 
 
@@ -103,8 +103,8 @@ class SampleRecord:
 
 
 class _HasConnections(Protocol):
-    def _write(self) -> AbstractContextManager[sqlite3.Connection]: ...
-    def _read(self) -> AbstractContextManager[sqlite3.Connection]: ...
+    def _write(self) -> AbstractContextManager[Conn]: ...
+    def _read(self) -> AbstractContextManager[Conn]: ...
 
 
 _J_COLS = (
@@ -112,6 +112,11 @@ _J_COLS = (
     "latency_s", "next_state_role", "created_at",
 )  # fmt: skip
 _S_COLS = ("turn_id", "status", "reason", "step", "policy_version", "created_at")
+_UPSERT_JUDGMENT = (
+    f"INSERT INTO judgments ({', '.join(_J_COLS)}) VALUES ({', '.join('?' for _ in _J_COLS)}) "
+    "ON CONFLICT (turn_id) DO UPDATE SET "
+    + ", ".join(f"{c} = excluded.{c}" for c in _J_COLS if c != "turn_id")
+)
 
 
 def _judgment_row(j: JudgmentRecord) -> tuple[Any, ...]:
@@ -124,7 +129,7 @@ def _judgment_row(j: JudgmentRecord) -> tuple[Any, ...]:
     )  # fmt: skip
 
 
-def _row_judgment(r: sqlite3.Row) -> JudgmentRecord:
+def _row_judgment(r: Any) -> JudgmentRecord:
     return JudgmentRecord(
         turn_id=r["turn_id"],
         session_id=r["session_id"],
@@ -150,11 +155,8 @@ class LearningQueries:
             StoreError: unknown turn, bad score.
         """
         row = _judgment_row(judgment)
-        marks = ", ".join("?" for _ in _J_COLS)
         with self._write() as conn:
-            conn.execute(
-                f"INSERT OR REPLACE INTO judgments ({', '.join(_J_COLS)}) VALUES ({marks})", row
-            )
+            conn.execute(_UPSERT_JUDGMENT, row)
 
     def get_judgment(self: _HasConnections, turn_id: str) -> JudgmentRecord | None:
         """The judgment of a turn, or None."""
@@ -213,7 +215,7 @@ class LearningQueries:
                             rec.created_at,
                         ),
                     )
-                except sqlite3.IntegrityError as exc:
+                except StoreConflict as exc:
                     raise StoreError(f"turn {rec.turn_id} already has a sample decision") from exc
 
     def get_sample(self: _HasConnections, turn_id: str) -> SampleRecord | None:
@@ -258,9 +260,9 @@ class LearningQueries:
         ``hinted`` counts verdicts with a non-empty hint."""
         with self._read() as conn:
             rows = conn.execute(
-                "SELECT score, reason, backend = ? AND reason = ?, "
-                "COUNT(*), SUM(hint IS NOT NULL AND hint != '') FROM judgments "
-                "GROUP BY 1, 2, 3",
+                "SELECT score, reason, CASE WHEN backend = ? AND reason = ? THEN 1 ELSE 0 END, "
+                "COUNT(*), SUM(CASE WHEN hint IS NOT NULL AND hint != '' THEN 1 ELSE 0 END) "
+                "FROM judgments GROUP BY 1, 2, 3",
                 (WORKER_BACKEND, str(DropReason.NO_NEXT_STATE)),
             ).fetchall()
         out: dict[str, int] = {}

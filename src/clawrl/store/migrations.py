@@ -1,8 +1,10 @@
 """Schema migrations, from version 1 on, and the routine that applies them.
 
-A fresh file is created from :data:`clawrl.store.schema.SCHEMA` and every migration is marked
-applied; an older file gets the migrations it lacks, each in its own transaction, recorded in
-``schema_migrations``. A file newer than the code is refused.
+One history for both backends: a fresh database (a SQLite file or a PostgreSQL schema) is
+created from :data:`clawrl.store.schema.SCHEMA` and every migration is marked applied; an older
+one gets the migrations it lacks, each in its own transaction, recorded in
+``schema_migrations``. Statements are portable DDL (:func:`clawrl.store.schema.render_ddl`
+renders them per dialect). A database newer than the code is refused.
 
 How to add a table or column (e.g. the judge's ``judgments`` or the trainer's ``samples``):
 
@@ -14,19 +16,20 @@ How to add a table or column (e.g. the judge's ``judgments`` or the trainer's ``
 3. Set :data:`~clawrl.store.schema.SCHEMA_VERSION` to ``N + 1``.
 4. Add the field to the record dataclass and to the store's row codec.
 
-``tests/store/test_store_schema.py`` fails if a fresh and a migrated file differ, if the
-version is not the last migration's, or if record fields and columns disagree.
+``tests/store/test_store_schema.py`` fails, on SQLite and on PostgreSQL, if a fresh and a
+migrated database differ, if the two backends' schemas differ in portable terms, if the version
+is not the last migration's, or if record fields and columns disagree.
 """
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from clawrl.errors import StoreError
-from clawrl.store.schema import MIGRATIONS_TABLE, SCHEMA, SCHEMA_VERSION
+from clawrl.store.db import Conn, Database
+from clawrl.store.schema import MIGRATIONS_TABLE, SCHEMA, SCHEMA_VERSION, render_ddl
 
 
 @dataclass(frozen=True)
@@ -43,7 +46,7 @@ class Migration:
     version: int
     description: str
     statements: tuple[str, ...] = ()
-    apply: Callable[[sqlite3.Connection], None] | None = None
+    apply: Callable[[Conn], None] | None = None
 
 
 # Version 1, frozen as shipped: never edit (edit schema.SCHEMA and add a migration instead).
@@ -136,6 +139,20 @@ _V2: tuple[str, ...] = (
     "CREATE INDEX idx_samples_status ON samples (status, reason)",
 )
 
+_V4: tuple[str, ...] = (
+    "ALTER TABLE turns ADD COLUMN prefix_turn_id TEXT",
+    "ALTER TABLE turns ADD COLUMN prefix_len INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE turns ADD COLUMN messages_prefix_len INTEGER NOT NULL DEFAULT 0",
+    "CREATE INDEX idx_turns_prefix_turn ON turns (prefix_turn_id)",
+    """CREATE TABLE policy_versions (
+    version INTEGER PRIMARY KEY,
+    weights TEXT,
+    weights_kind TEXT NOT NULL,
+    step INTEGER,
+    created_at REAL NOT NULL
+)""",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema: sessions, turns, feedback", _V1),
     Migration(2, "judge verdicts (judgments) and trainer bookkeeping (samples)", _V2),
@@ -144,34 +161,26 @@ MIGRATIONS: tuple[Migration, ...] = (
         "judgments by time (the dashboard's latest judgments)",
         ("CREATE INDEX idx_judgments_created_at ON judgments (created_at)",),
     ),
+    Migration(
+        4,
+        "prompts stored as deltas of their prefix turn; published policy versions (replicas)",
+        _V4,
+    ),
 )
 """Every schema step in order; ``MIGRATIONS[-1].version == SCHEMA_VERSION``."""
 
 
-def applied_version(conn: sqlite3.Connection) -> int:
-    """The highest applied migration version, 0 for a file without the bookkeeping table."""
-    exists = conn.execute(
-        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'"
-    ).fetchone()
-    if not exists:
+def applied_version(conn: Conn) -> int:
+    """The highest applied migration version, 0 for a database without the bookkeeping table."""
+    if not conn.table_exists("schema_migrations"):
         return 0
     row = conn.execute("SELECT MAX(version) FROM schema_migrations").fetchone()
     return int(row[0] or 0)
 
 
-def _user_tables(conn: sqlite3.Connection) -> list[str]:
-    return [
-        r[0]
-        for r in conn.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table' "
-            "AND name NOT LIKE 'sqlite_%' AND name != 'schema_migrations'"
-        )
-    ]
-
-
-def _run(conn: sqlite3.Connection, migration: Migration) -> None:
+def _run(conn: Conn, migration: Migration) -> None:
     for statement in migration.statements:
-        conn.execute(statement)
+        conn.execute(render_ddl(statement, conn.dialect))
     if migration.apply is not None:
         migration.apply(conn)
     conn.execute(
@@ -180,45 +189,48 @@ def _run(conn: sqlite3.Connection, migration: Migration) -> None:
     )
 
 
+class _Newer(Exception):
+    """The database is newer than the code (raised inside the transaction, then reported)."""
+
+
 def migrate(
-    conn: sqlite3.Connection,
+    db: Database,
     *,
     migrations: Sequence[Migration] = MIGRATIONS,
     schema: Sequence[str] = SCHEMA,
     version: int = SCHEMA_VERSION,
     target: int | None = None,
 ) -> int:
-    """Bring the database on ``conn`` (autocommit mode) to ``target`` (default ``version``).
+    """Bring the database ``db`` to ``target`` (default ``version``).
 
-    A file with no tables is created from ``schema`` when ``target == version`` (and all
+    A database with no tables is created from ``schema`` when ``target == version`` (and all
     migrations up to ``version`` are marked applied), else by running migrations from 1.
-    Safe against concurrent openers: each step runs in a ``BEGIN IMMEDIATE`` transaction and
-    re-checks the version inside it. The keyword arguments exist for tests.
+    Safe against concurrent openers: each step runs in its own write transaction, holding the
+    migration lock (SQLite: ``BEGIN IMMEDIATE``; PostgreSQL: an advisory lock), and re-checks
+    the version inside it. The keyword arguments exist for tests.
 
     Returns:
-        The version the file is at afterwards.
+        The version the database is at afterwards.
 
     Raises:
-        StoreError: the file is newer than the code, the migration list is inconsistent,
+        StoreError: the database is newer than the code, the migration list is inconsistent,
             or a statement failed (the failed step is rolled back).
     """
     target = version if target is None else target
     versions = [m.version for m in migrations]
     if versions != list(range(1, len(versions) + 1)) or versions[-1] != version:
         raise StoreError(f"migrations must be numbered 1..{version} in order, got {versions}")
+    current = 0
     try:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            conn.execute(MIGRATIONS_TABLE)
+        with db.write() as conn:
+            conn.lock_migrations()
+            conn.execute(render_ddl(MIGRATIONS_TABLE, conn.dialect))
             current = applied_version(conn)
             if current > version:
-                raise StoreError(
-                    f"store schema version {current} is newer than this clawrl ({version}); "
-                    "upgrade clawrl"
-                )
-            if current == 0 and not _user_tables(conn) and target == version:
+                raise _Newer()
+            if current == 0 and not conn.user_tables() and target == version:
                 for statement in schema:
-                    conn.execute(statement)
+                    conn.execute(render_ddl(statement, conn.dialect))
                 now = time.time()
                 conn.executemany(
                     "INSERT INTO schema_migrations (version, description, applied_at) "
@@ -226,24 +238,18 @@ def migrate(
                     [(m.version, m.description, now) for m in migrations],
                 )
                 current = version
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
         for migration in migrations:
             if migration.version <= current or migration.version > target:
                 continue
-            conn.execute("BEGIN IMMEDIATE")
-            try:
+            with db.write() as conn:
+                conn.lock_migrations()
                 if applied_version(conn) < migration.version:  # another opener may have run it
                     _run(conn, migration)
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
             current = migration.version
-    except sqlite3.Error as exc:
+    except _Newer:
+        raise StoreError(
+            f"store schema version {current} is newer than this clawrl ({version}); upgrade clawrl"
+        ) from None
+    except StoreError as exc:
         raise StoreError(f"schema migration failed: {exc}") from exc
     return current

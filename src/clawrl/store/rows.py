@@ -1,14 +1,19 @@
-"""Row codec: record dataclasses <-> SQLite rows (columns named as in :mod:`.schema`)."""
+"""Row codec: record dataclasses <-> database rows (columns named as in :mod:`.schema`).
+
+Rows read back are ``sqlite3.Row`` or :class:`clawrl.store.db.Row` (both read by column name).
+A turn's stored prompt may be a delta (:mod:`clawrl.store.chains`); :func:`row_to_turn` takes
+the rebuilt full ids and messages."""
 
 from __future__ import annotations
 
 import json
-import sqlite3
+from collections.abc import Mapping
 from dataclasses import fields
 from enum import StrEnum
 from typing import Any, TypeVar
 
 from clawrl.errors import StoreError
+from clawrl.store.chains import FullTurn
 from clawrl.store.codec import (
     decode_floats,
     decode_ids,
@@ -67,7 +72,8 @@ def _reason(value: str | None) -> str | None:
 
 
 def turn_to_row(turn: TurnRecord) -> dict[str, Any]:
-    """Columns for ``turn`` (derived columns included; ``output_hash`` filled from ``output``).
+    """Columns for ``turn``, its prompt whole (derived columns included; ``output_hash`` filled
+    from ``output``; the storage columns say "not a delta": :mod:`clawrl.store.chains`).
 
     Raises:
         StoreError: a field has the wrong type or an unknown enum value.
@@ -124,11 +130,14 @@ def turn_to_row(turn: TurnRecord) -> dict[str, Any]:
         "prompt_ids": prompt,
         "completion_ids": completion,
         "sampling_logprobs": encode_floats(turn.sampling_logprobs),
+        "prefix_turn_id": None,
+        "prefix_len": 0,
+        "messages_prefix_len": 0,
     }
 
 
-def row_to_turn(row: sqlite3.Row) -> TurnRecord:
-    """A :class:`TurnRecord` from a full ``turns`` row."""
+def row_to_turn(row: Mapping[str, Any], full: FullTurn) -> TurnRecord:
+    """A :class:`TurnRecord` from a ``turns`` row and its rebuilt ids and messages (``full``)."""
     return TurnRecord(
         id=row["id"],
         session_id=row["session_id"],
@@ -156,9 +165,9 @@ def row_to_turn(row: sqlite3.Row) -> TurnRecord:
         client=load_json(row["client"]),
         output=load_json(row["output"]),
         tools=load_json(row["tools"]),
-        request_messages=load_json(row["request_messages"]),
-        prompt_ids=decode_ids(row["prompt_ids"]),
-        completion_ids=decode_ids(row["completion_ids"]),
+        request_messages=list(full.messages),
+        prompt_ids=decode_ids(full.prompt),
+        completion_ids=decode_ids(full.completion),
         sampling_logprobs=decode_floats(row["sampling_logprobs"]),
     )
 
@@ -177,7 +186,7 @@ def session_to_row(session: SessionRecord) -> dict[str, Any]:
     }
 
 
-def row_to_session(row: sqlite3.Row) -> SessionRecord:
+def row_to_session(row: Mapping[str, Any]) -> SessionRecord:
     """A :class:`SessionRecord` from a ``sessions`` row."""
     return SessionRecord(
         id=row["id"],
@@ -206,7 +215,7 @@ def feedback_to_row(fb: FeedbackRecord) -> dict[str, Any]:
     }
 
 
-def row_to_feedback(row: sqlite3.Row) -> FeedbackRecord:
+def row_to_feedback(row: Mapping[str, Any]) -> FeedbackRecord:
     """A :class:`FeedbackRecord` from a ``feedback`` row."""
     return FeedbackRecord(
         id=row["id"],
@@ -219,8 +228,9 @@ def row_to_feedback(row: sqlite3.Row) -> FeedbackRecord:
 
 
 def insert_sql(table: str, columns: list[str] | tuple[str, ...], *, or_ignore: bool = False) -> str:
-    """``INSERT [OR IGNORE] INTO table (c1, ...) VALUES (:c1, ...)``."""
+    """``INSERT INTO table (c1, ...) VALUES (:c1, ...) [ON CONFLICT DO NOTHING]`` (both
+    dialects)."""
     names = ", ".join(columns)
     params = ", ".join(f":{c}" for c in columns)
-    verb = "INSERT OR IGNORE" if or_ignore else "INSERT"
-    return f"{verb} INTO {table} ({names}) VALUES ({params})"
+    tail = " ON CONFLICT DO NOTHING" if or_ignore else ""
+    return f"INSERT INTO {table} ({names}) VALUES ({params}){tail}"

@@ -36,6 +36,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from clawrl.chat import ChatMessage, ToolSpec, render_prompt
@@ -45,11 +46,13 @@ from clawrl.errors import ClawrlError
 from clawrl.store import (
     DropReason,
     JudgmentRecord,
+    PolicyVersionRecord,
     SampleRecord,
     SampleStatus,
     Store,
     TurnRecord,
     TurnStatus,
+    WeightsKind,
 )
 from clawrl.trainer.metrics import MetricsWriter
 from clawrl.trainer.trainer import Trainer
@@ -99,6 +102,15 @@ class LearnerState:
     last_step_s: float = 0.0
     last_metrics: dict[str, float] = field(default_factory=dict)
     errors: int = 0
+
+
+def published(version: int, weights: Any, step: int) -> PolicyVersionRecord:
+    """The store's record of a version the trainer saved: a LoRA adapter directory (every
+    replica on this filesystem loads it) or full weights held in memory (not loadable by
+    another process: ``weights`` None)."""
+    if isinstance(weights, str | Path):
+        return PolicyVersionRecord(version, WeightsKind.LORA, str(Path(weights).resolve()), step)
+    return PolicyVersionRecord(version, WeightsKind.FULL, None, step)
 
 
 class OnlineLearner:
@@ -166,6 +178,7 @@ class OnlineLearner:
         if version > self.engine.policy_version:
             weights = self.trainer.save_weights(version)
             self.engine.load_policy(version, weights).result(timeout=600)
+            self.store.publish_policy_version(published(version, weights, self.trainer.step))
         self.state.steps = self.trainer.step
         return version
 
@@ -303,6 +316,9 @@ class OnlineLearner:
                 ],
             )
             self.engine.load_policy(version, weights)
+            await asyncio.to_thread(
+                self.store.publish_policy_version, published(version, weights, self.trainer.step)
+            )
             for t in turn_ids:
                 del self._ready[t]
             metrics = {
