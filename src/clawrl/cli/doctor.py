@@ -85,9 +85,9 @@ def run(args: argparse.Namespace) -> int:
     free = shutil.disk_usage(cache_dir().parent if cache_dir().parent.exists() else "/").free
     row("disk", True, f"{free / 1e9:.0f} GB free near the cache")
     row("cpu cores", True, str(os.cpu_count()))
+    row("vllm", *_vllm())
+    row("sglang", None, "not supported as an engine (docs/vllm.md says what it would take)")
     for mod, what in (
-        ("vllm", "remote/in-process vLLM"),
-        ("sglang", "SGLang"),
         ("openai", "SDK"),
         ("anthropic", "SDK"),
         ("tensorboard", "metrics"),
@@ -96,3 +96,23 @@ def run(args: argparse.Namespace) -> int:
         row(mod, True if found else None, what + ("" if found else " (not installed)"))
     console.print(table)
     return 0 if ok else 1
+
+
+def _vllm() -> tuple[bool | None, str]:
+    """Whether ``clawrl serve --engine vllm`` can launch a server here (a Python with vLLM)."""
+    import subprocess
+
+    from clawrl.engine.vllm import default_vllm_python
+
+    python = default_vllm_python()
+    if python is None:
+        return None, ("engine backend: not installed (scripts/install_vllm.sh puts vLLM's CPU "
+                      "build in .vllm/; or give running servers with --vllm-url)")  # fmt: skip
+    try:
+        out = subprocess.run(
+            [python, "-c", "import vllm; print(vllm.__version__)"],
+            capture_output=True, text=True, timeout=120, check=True,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError) as e:
+        return False, f"{python} cannot import vllm: {e}"
+    return True, f"engine backend: vLLM {out.stdout.strip()} ({python})"
