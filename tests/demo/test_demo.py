@@ -39,7 +39,7 @@ def demo(tmp_path_factory):
     settings = DemoSettings(
         scenario="student", methods=("rl", "combine"), seeds=(0,), steps=2, eval_steps=(0, 1, 2),
         batch_size=2, eval_problems=6, max_tokens=6, concurrency=2, max_turns=2,
-        out_dir=str(out / "report"), examples=2,
+        out_dir=str(out / "report"), examples=2, jobs=2,  # both runs at once, in (seed, method) order
     )  # fmt: skip
     cfg = load_config(None, ["trainer.lr=1e-3", "trainer.poll_interval_s=0.1"])
     events: list[tuple[str, dict]] = []

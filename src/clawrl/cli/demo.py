@@ -43,6 +43,9 @@ config.toml (what ran), results.json, and each run's store and trained adapter u
     p.add_argument("--compare", metavar="M1,M2,...",
                    help="run several methods from the same start, e.g. rl,opd,combine")  # fmt: skip
     p.add_argument("--seeds", type=int, default=1, help="repeat every run from seeds 0..K-1 (1)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="runs at once (1); on 2 cores 2 runs take about as long together as "
+                   "one after the other, but a 3-method x 3-seed comparison needs no babysitting")  # fmt: skip
     p.add_argument("--steps", type=int, default=16, help="training steps (16)")
     p.add_argument("--batch-size", type=int, default=4,
                    help="samples per step (4 here to fit a laptop CPU; OpenClaw-RL uses 16)")  # fmt: skip
@@ -101,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         scenario=scenario, methods=methods, seeds=seeds, steps=steps, eval_steps=evals,
         batch_size=batch, eval_problems=problems, max_tokens=args.max_tokens,
         concurrency=args.concurrency, dataset=args.dataset, out_dir=args.out,
-        validation=args.validation, store=args.store,
+        validation=args.validation, store=args.store, jobs=max(1, args.jobs),
     )  # fmt: skip
     console = Console()
     tty = console.is_terminal

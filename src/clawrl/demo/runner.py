@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -66,6 +67,8 @@ class DemoSettings:
             hyperparameters without ever scoring on held-out problems.
         store: a ``postgresql://`` URL: each run's store is a schema of its own in that
             database (:func:`run_store`); ``None``: a SQLite file per run.
+        jobs: runs at once (each a gateway, engine and trainer of its own; they share the CPU,
+            so each takes longer, and its time budget grows with ``jobs``).
     """
 
     scenario: str = "student"
@@ -86,6 +89,7 @@ class DemoSettings:
     examples: int = 3
     validation: bool = False
     store: str | None = None
+    jobs: int = 1
 
 
 def run_store(settings: DemoSettings, run_dir: Path) -> str:
@@ -106,6 +110,10 @@ def run_store(settings: DemoSettings, run_dir: Path) -> str:
     (run_dir / "store.url").write_text(url + "\n")
     return url
 
+
+_BUILDING = threading.Lock()
+"""Held while a run loads its policy and builds its runtime (``--jobs``: concurrent imports
+inside transformers' lazy module fail with ImportError)."""
 
 SESSIONS_PER_POOL = 8
 """Training sessions offered to one pool of simulated users, per session slot (the pool stops
@@ -316,7 +324,10 @@ def run_method(
     max_tokens = settings.max_tokens or spec.answer.max_tokens
     temperature = spec.answer.temperature if settings.temperature is None else settings.temperature
     max_turns = settings.max_turns or spec.answer.max_turns
-    runtime = build_runtime(mcfg, policy=policy, store=run_store(settings, run_dir), judge=judge)
+    with _BUILDING:  # transformers' lazy imports are not thread-safe: runs build one at a time
+        runtime = build_runtime(
+            mcfg, policy=policy, store=run_store(settings, run_dir), judge=judge
+        )
     service = runtime.service
     assert service is not None, "the demo trains: its method is never 'off'"
     service.step_limit = 0
@@ -339,7 +350,7 @@ def run_method(
     try:
         for target in sorted({min(s, settings.steps) for s in settings.eval_steps}):
             service.step_limit = target
-            deadline = time.monotonic() + settings.timeout_s
+            deadline = time.monotonic() + settings.timeout_s * max(1, settings.jobs)
 
             def reached(t: int = target) -> bool:
                 return service.status().steps >= t
@@ -429,7 +440,9 @@ def run_demo(
     judge: JudgeBundle | None = None,
     policy_factory: Callable[[], Any] | None = None,
 ) -> list[MethodResult]:
-    """Run every method x seed of ``settings`` (one judge, built once and shared).
+    """Run every method x seed of ``settings`` (one judge, built once and shared), up to
+    ``settings.jobs`` runs at a time, each in its own thread with its own gateway, engine and
+    trainer; results come back in (seed, method) order whatever order the runs end in.
 
     Args:
         judge: the judge to use (tests pass a scripted one); default built from ``cfg.judge``.
@@ -439,30 +452,26 @@ def run_demo(
     Raises:
         ConfigError: the scenario cannot be loaded.
     """
+    from concurrent.futures import ThreadPoolExecutor
+
     from clawrl.envs import load_scenario
     from clawrl.runtime import build_judge
 
     spec = load_scenario(settings.scenario)
     own = judge is None
     bundle = build_judge(cfg) if judge is None else judge
-    results = []
+    runs = [(seed, method) for seed in settings.seeds for method in settings.methods]
+
+    def one(seed: int, method: str) -> MethodResult:
+        with _BUILDING:
+            policy = policy_factory() if policy_factory is not None else None
+        return run_method(method, settings, cfg, spec, seed=seed, judge=bundle, policy=policy,
+                          progress=progress)  # fmt: skip
+
     try:
-        for seed in settings.seeds:
-            for method in settings.methods:
-                policy = policy_factory() if policy_factory is not None else None
-                results.append(
-                    run_method(
-                        method,
-                        settings,
-                        cfg,
-                        spec,
-                        seed=seed,
-                        judge=bundle,
-                        policy=policy,
-                        progress=progress,
-                    )
-                )
+        with ThreadPoolExecutor(max_workers=max(1, settings.jobs)) as pool:
+            futures = [pool.submit(one, seed, method) for seed, method in runs]
+            return [f.result() for f in futures]
     finally:
         if own:
             bundle.close()
-    return results
