@@ -57,7 +57,7 @@ Teacher = Literal["policy", "base"]
 
 HintPlacement = Literal["user", "system"]
 """Where the OPD teacher's prompt carries the hint: appended to the last user (or tool)
-message, or in the system message (:func:`clawrl.trainer.online.hinted_messages`)."""
+message, or in the system message (:func:`clawrl.trainer.samples.hinted_messages`)."""
 
 Evidence = Literal["reward", "hint"]
 """What a judged turn can offer a method: a judge score used as reward, or a hindsight hint."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -32,6 +32,13 @@ class Batch:
     truncated: Tensor  # [B] bool
     group_ids: Tensor  # [B] long
     episode_ids: Tensor  # [B] long, equal for samples of one episode (rollout)
+
+    def to(self, device: torch.device | str) -> Batch:
+        """The same batch with every tensor on ``device`` (itself when they are there)."""
+        device = torch.device(device)
+        if self.input_ids.device == device:
+            return self
+        return Batch(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
 
 
 def collate(samples: list[TrainSample], pad_id: int = 0) -> Batch:
@@ -204,3 +211,24 @@ def _token_logprobs_whole(
     pad = (start, 0)  # left-pad the prompt positions back: outputs are [B, L-1]
     chosen = torch.nn.functional.pad(chosen, pad) * batch.loss_mask
     return chosen, torch.nn.functional.pad(entropy, pad) * batch.loss_mask
+
+
+class TokenLogprobs(torch.nn.Module):
+    """:func:`token_logprobs` of ``model`` as a module: ``forward(batch) -> (log-probs, entropy)``.
+
+    The trainer calls the policy through it so that, under FSDP2, this module is the sharding
+    root: its forward hooks gather the root's parameters (embeddings, final norm, the tied output
+    layer) around :func:`token_logprobs`, which calls the decoder and the output layer itself
+    (the decoder layers are sharded units of their own). Without FSDP it adds nothing.
+
+    Args:
+        model: a causal LM (a PEFT model included).
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, batch: Batch) -> tuple[Tensor, Tensor]:
+        """``([B, L-1] log-probs with gradient, [B, L-1] entropy)``; see :func:`token_logprobs`."""
+        return token_logprobs(self.model, batch)

@@ -4,25 +4,11 @@ Runs beside the gateway (an asyncio task in the server process) and never blocks
 training steps run in a worker thread, and the engine swaps the new weights in between
 requests.
 
-Decision rule for each judged turn (its ``samples`` row records the outcome):
-
-- not ok / not trainable (incomplete stream, error, untrainable ids) -> ``drop/untrainable``;
-- older than ``max_staleness`` versions -> ``drop/stale``;
-- no judgment (all votes abstained, no next state) and no hint -> ``drop/no_judgment`` or
-  ``drop/no_next_state``;
-- it lacks every piece of evidence the method accepts (:attr:`clawrl.config.SampleNeeds.any_of`:
-  ``rl`` a non-zero score, unless ``train_on_zero``; ``opd`` a hint; ``combine`` either) ->
-  ``drop/no_hint`` when only a hint would do, ``drop/zero_score`` for a score of 0, else
-  ``drop/no_judgment``;
-- otherwise it becomes a :class:`TrainSample` carrying what the method uses (the score as
-  reward, the hint's teacher log-probs); every ``batch_size`` samples make one step.
-
-**Where the hint goes (OPD teacher).** The teacher is the policy itself on a hint-enhanced
-prompt: the turn's own messages with ``\\n\\n[Hint: HINT]`` appended to the content of the last
-non-assistant message (the user's request or the tool result the turn answered), rendered with
-the same chat template and tools. Teacher log-probs of the turn's sampled ids come from
-``engine.score`` at the turn's own sampling temperature; ``teacher="base"`` scores with the
-LoRA adapter disabled (the frozen base weights).
+Each judged turn is decided by the rules of :mod:`clawrl.trainer.samples` (its ``samples``
+row records the outcome); every ``batch_size`` samples make one step. The OPD teacher's log-probs
+of a hinted turn come from ``engine.score`` on the hint-enhanced prompt
+(:func:`clawrl.trainer.samples.teacher_prompt_ids`) at the turn's own sampling temperature;
+``teacher="base"`` scores with the LoRA adapter disabled (the frozen base weights).
 
 Exactly once: a step's sample ids are written into its checkpoint's meta before the
 ``samples`` rows; on restart :meth:`OnlineLearner.resume` re-records any ids a crash left out,
@@ -36,59 +22,34 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from clawrl.chat import ChatMessage, ToolSpec, render_prompt
-from clawrl.config import HintPlacement, SampleNeeds, TrainerConfig
+from clawrl.config import SampleNeeds, TrainerConfig
 from clawrl.engine import Engine
 from clawrl.errors import ClawrlError
-from clawrl.store import (
-    DropReason,
-    JudgmentRecord,
-    PolicyVersionRecord,
-    SampleRecord,
-    SampleStatus,
-    Store,
-    TurnRecord,
-    TurnStatus,
-    WeightsKind,
-)
+from clawrl.store import DropReason, JudgmentRecord, SampleRecord, Store, TurnRecord
 from clawrl.trainer.metrics import MetricsWriter
+from clawrl.trainer.samples import (
+    HINT_TEMPLATE,
+    SYSTEM_HINT_TEMPLATE,
+    decide,
+    drop_record,
+    hinted_messages,
+    make_sample,
+    published,
+    record_checkpoint_samples,
+    scored,
+    teacher_prompt_ids,
+    trained_records,
+    turn_temperature,
+)
 from clawrl.trainer.trainer import Trainer
 from clawrl.trainer.types import TrainSample
 
+__all__ = ["HINT_TEMPLATE", "SYSTEM_HINT_TEMPLATE", "LearnerState", "OnlineLearner",
+           "hinted_messages", "published"]  # fmt: skip
+
 log = logging.getLogger(__name__)
-
-HINT_TEMPLATE = "\n\n[Hint: {hint}]"
-SYSTEM_HINT_TEMPLATE = "Keep in mind what the user asked for: {hint}"
-
-
-def hinted_messages(
-    messages: list[ChatMessage], hint: str, placement: HintPlacement = "user"
-) -> list[ChatMessage]:
-    """The turn's messages with the hint where ``placement`` says.
-
-    * ``user``: appended to the last non-assistant message (``\n\n[Hint: HINT]``);
-    * ``system``: in the system message (appended to the first one, or a new one first):
-      ``Keep in mind what the user asked for: HINT``.
-    """
-    out = list(messages)
-    if placement == "system":
-        text = SYSTEM_HINT_TEMPLATE.format(hint=hint.strip())
-        for i, m in enumerate(out):
-            if m.role == "system":
-                out[i] = m.model_copy(update={"content": f"{m.content or ''}\n\n{text}".strip()})
-                return out
-        return [ChatMessage(role="system", content=text), *out]
-    for i in range(len(out) - 1, -1, -1):
-        m = out[i]
-        if m.role != "assistant":
-            out[i] = m.model_copy(
-                update={"content": (m.content or "") + HINT_TEMPLATE.format(hint=hint.strip())}
-            )
-            return out
-    return [*out, ChatMessage(role="user", content=HINT_TEMPLATE.format(hint=hint).strip())]
 
 
 @dataclass
@@ -102,15 +63,6 @@ class LearnerState:
     last_step_s: float = 0.0
     last_metrics: dict[str, float] = field(default_factory=dict)
     errors: int = 0
-
-
-def published(version: int, weights: Any, step: int) -> PolicyVersionRecord:
-    """The store's record of a version the trainer saved: a LoRA adapter directory (every
-    replica on this filesystem loads it) or full weights held in memory (not loadable by
-    another process: ``weights`` None)."""
-    if isinstance(weights, str | Path):
-        return PolicyVersionRecord(version, WeightsKind.LORA, str(Path(weights).resolve()), step)
-    return PolicyVersionRecord(version, WeightsKind.FULL, None, step)
 
 
 class OnlineLearner:
@@ -161,67 +113,34 @@ class OnlineLearner:
         meta = self.trainer.load_checkpoint()
         if meta is None:
             return self.engine.policy_version
-        missing = [t for t in meta.get("turn_ids", []) if self.store.get_sample(t) is None]
-        if missing:
-            self.store.record_samples(
-                [
-                    SampleRecord(
-                        t,
-                        SampleStatus.TRAINED,
-                        step=meta["step"],
-                        policy_version=meta["policy_version"],
-                    )
-                    for t in missing
-                ]
-            )
+        record_checkpoint_samples(self.store, meta)
         version = self.trainer.policy_version
         if version > self.engine.policy_version:
             weights = self.trainer.save_weights(version)
             self.engine.load_policy(version, weights).result(timeout=600)
-            self.store.publish_policy_version(published(version, weights, self.trainer.step))
+            self.store.publish_policy_version(
+                published(version, weights, self.trainer.step, full=self.config.full_finetune)
+            )
         self.state.steps = self.trainer.step
         return version
 
     # ---------------------------------------------------------------- collecting
 
     def _drop(self, turn_id: str, reason: DropReason) -> SampleRecord:
-        key = f"drop/{reason}"
-        self.state.drops[key] = self.state.drops.get(key, 0) + 1
-        return SampleRecord(turn_id, SampleStatus.DROPPED, reason=str(reason))
+        return drop_record(turn_id, reason, self.state.drops)
 
     def _decide(self, turn: TurnRecord, j: JudgmentRecord) -> DropReason | None:
-        """Why this judged turn is not a sample (``None``: it is one); see the module docstring."""
-        if turn.status != TurnStatus.OK or not turn.trainable or not turn.completion_ids:
-            return DropReason.UNTRAINABLE
+        """Why this judged turn is not a sample (``None``: it is one): :func:`clawrl.trainer.
+        samples.decide` at the trainer's policy version."""
         lag = self.trainer.policy_version - turn.policy_version
-        if lag > self.config.max_staleness:
-            return DropReason.STALE
-        has_hint = bool(j.hint)
-        if j.score is None and not has_hint:
-            if j.reason == DropReason.NO_NEXT_STATE:
-                return DropReason.NO_NEXT_STATE
-            return DropReason.NO_JUDGMENT
-        offers = {"reward": self._scored(j), "hint": has_hint}
-        if any(offers[e] for e in self.needs.any_of):
-            return None
-        if self.needs.any_of == ("hint",):
-            return DropReason.NO_HINT
-        return DropReason.ZERO_SCORE if j.score == 0 else DropReason.NO_JUDGMENT
-
-    def _scored(self, j: JudgmentRecord) -> bool:
-        """The judgment has a score the method counts as a reward."""
-        return j.score is not None and (j.score != 0 or self.needs.zero_is_reward)
+        return decide(turn, j, self.needs, lag=lag, max_staleness=self.config.max_staleness)
 
     async def _teacher_logprobs(self, turn: TurnRecord, hint: str) -> list[float]:
-        messages = [ChatMessage.model_validate(m) for m in turn.request_messages]
-        tools = [ToolSpec.model_validate(t) for t in (turn.tools or [])] or None
-        placement = self.needs.hint_placement
-        prompt = render_prompt(self.tokenizer, hinted_messages(messages, hint, placement), tools)
-        temperature = float(turn.sampling_params.get("temperature", 1.0))
+        prompt = teacher_prompt_ids(self.tokenizer, turn, hint, self.needs.hint_placement)
         return await self.engine.score(
-            prompt.token_ids,
+            prompt,
             turn.completion_ids,
-            temperature=temperature,
+            temperature=turn_temperature(turn),
             base=self.needs.teacher == "base",
         )
 
@@ -246,24 +165,10 @@ class OnlineLearner:
                     teacher = await self._teacher_logprobs(turn, j.hint)
                 except ClawrlError as e:
                     log.warning("teacher scoring failed for %s: %s", turn_id, e)
-                    if not (self.needs.uses_reward and self._scored(j)):
+                    if not (self.needs.uses_reward and scored(j, self.needs)):
                         drops.append(self._drop(turn_id, DropReason.TEACHER_FAILED))
                         continue
-            reward = None
-            if j.score is not None and self.needs.uses_reward and self._scored(j):
-                reward = float(j.score)
-            self._ready[turn_id] = TrainSample(
-                prompt_ids=turn.prompt_ids,
-                completion_ids=turn.completion_ids,
-                sampling_logprobs=turn.sampling_logprobs,
-                temperature=float(turn.sampling_params.get("temperature", 1.0)),
-                # a hint-only turn of a method that also uses rewards: OPD alone (A = 0·w_rl + OPD)
-                reward=reward if reward is not None or not self.needs.uses_reward else 0.0,
-                teacher_logprobs=teacher,
-                policy_version=turn.policy_version,
-                truncated=turn.finish_reason == "length",
-                turn_id=turn_id,
-            )
+            self._ready[turn_id] = make_sample(turn, j, self.needs, teacher)
         if drops:
             await asyncio.to_thread(self.store.record_samples, drops)
         self.state.ready = len(self._ready)
@@ -307,18 +212,11 @@ class OnlineLearner:
             if self.trainer.step % max(1, self.config.checkpoint_every) == 0:
                 await asyncio.to_thread(self.trainer.save_checkpoint, {"turn_ids": turn_ids})
             await asyncio.to_thread(
-                self.store.record_samples,
-                [
-                    SampleRecord(
-                        t, SampleStatus.TRAINED, step=self.trainer.step, policy_version=version
-                    )
-                    for t in turn_ids
-                ],
+                self.store.record_samples, trained_records(turn_ids, self.trainer.step, version)
             )
             self.engine.load_policy(version, weights)
-            await asyncio.to_thread(
-                self.store.publish_policy_version, published(version, weights, self.trainer.step)
-            )
+            record = published(version, weights, self.trainer.step, full=self.config.full_finetune)
+            await asyncio.to_thread(self.store.publish_policy_version, record)
             for t in turn_ids:
                 del self._ready[t]
             metrics = {

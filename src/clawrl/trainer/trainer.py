@@ -53,7 +53,7 @@ from clawrl.algorithms import (
 from clawrl.config import TrainedMethod, TrainerConfig
 from clawrl.engine import Engine
 from clawrl.errors import ConfigError, TrainerError
-from clawrl.trainer.batch import Batch, collate, token_logprobs
+from clawrl.trainer.batch import Batch, TokenLogprobs, collate
 from clawrl.trainer.types import TrainSample
 
 log = logging.getLogger(__name__)
@@ -106,12 +106,17 @@ class Trainer:
     """Trains a private copy of the policy and publishes new versions.
 
     Args:
-        base_model: the policy's base weights; the trainer deep-copies it, so the engine may
-            keep serving the original.
+        base_model: the policy's base weights; the trainer deep-copies it (unless
+            ``copy_model`` is False), so the engine may keep serving the original.
         config: the training settings, the method among them (:class:`clawrl.config.TrainerConfig`).
         output_dir: where versions (``policies/vN``) and checkpoints (``checkpoints/``) go;
             default ``config.output_dir``.
         policy_version: the version the engine serves now (resume sets it from a checkpoint).
+        copy_model: deep-copy ``base_model`` (default) or train it in place (a trainer process
+            that loaded the weights for itself).
+        computes_teacher: the trainer computes OPD teacher log-probs itself
+            (:meth:`teacher_logprobs`; ``clawrl train``), so full fine-tuning with the ``base``
+            teacher keeps a frozen copy of the base weights even without a KL penalty.
 
     Raises:
         ConfigError: the method trains nothing (``off``).
@@ -124,6 +129,8 @@ class Trainer:
         output_dir: str | Path | None = None,
         *,
         policy_version: int = 0,
+        copy_model: bool = True,
+        computes_teacher: bool = False,
     ) -> None:
         if not config.method.trains:
             raise ConfigError("the trainer needs a training method (trainer.method is 'off')")
@@ -132,15 +139,20 @@ class Trainer:
         self.output_dir = Path(output_dir if output_dir is not None else config.output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         torch.manual_seed(config.seed)
-        model = copy.deepcopy(base_model)
-        model.train()
+        needs_base = self.method.loss.kl.beta > 0 or (
+            computes_teacher and self.method.needs.teacher == "base"
+        )
         self.ref_model: torch.nn.Module | None = None
-        if config.full_finetune:
-            self.model = model
-            if self.method.loss.kl.beta > 0:
-                self.ref_model = copy.deepcopy(base_model).eval().requires_grad_(False)
-        else:
-            self.model = attach_lora(model, config)
+        if config.full_finetune and needs_base:
+            self.ref_model = copy.deepcopy(base_model).eval().requires_grad_(False)
+        model = copy.deepcopy(base_model) if copy_model else base_model
+        model.train()
+        self.model = model if config.full_finetune else attach_lora(model, config)
+        self.device = next(self.model.parameters()).device
+        self.policy_logprobs = TokenLogprobs(self.model)
+        """The policy's log-probs (:class:`TokenLogprobs`); FSDP2 shards through it."""
+        self.ref_logprobs = None if self.ref_model is None else TokenLogprobs(self.ref_model)
+        self._shard()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             self.params, lr=config.lr, weight_decay=config.weight_decay
@@ -152,16 +164,89 @@ class Trainer:
         self.step = 0
         self.policy_version = policy_version
 
+    # ----------------------------------------------------------------- data parallelism
+
+    def _shard(self) -> None:
+        """Shard the model across ranks before the optimizer sees its parameters (FSDP2:
+        :class:`clawrl.trainer.fsdp.ShardedTrainer`); one process shards nothing."""
+
+    def _rank_rows(self, n: int) -> range:
+        """The rows of an ``n``-sample batch this rank computes (one process: all)."""
+        return range(n)
+
+    def _passes(self, n: int, micro_batch: int) -> int:
+        """Forward passes every rank makes for an ``n``-sample batch: the most any rank needs
+        (FSDP2's collectives need the same count on every rank; a rank with fewer rows makes
+        passes that weigh nothing)."""
+        return -(-n // micro_batch)
+
+    def _gather(self, parts: list[Any]) -> list[Any]:
+        """Every rank's ``parts``, in rank order (one process: its own)."""
+        return parts
+
+    def _micro_batches(self, n: int) -> list[tuple[int, int] | None]:
+        """This rank's ``(start, stop)`` row ranges of an ``n``-sample batch, padded with
+        ``None`` (a pass that weighs nothing) to :meth:`_passes`."""
+        mb = max(1, self.config.micro_batch_size)
+        rows = self._rank_rows(n)
+        out: list[tuple[int, int] | None] = [
+            (s, min(s + mb, rows.stop)) for s in range(rows.start, rows.stop, mb)
+        ]
+        return out + [None] * (self._passes(n, mb) - len(out))
+
     # ----------------------------------------------------------------- training
 
     def _ref_logprobs(self, batch: Batch) -> torch.Tensor | None:
         if self.method.loss.kl.beta <= 0:
             return None
+        return self._base_logprobs(batch)
+
+    def _base_logprobs(self, batch: Batch) -> torch.Tensor:
+        """``[B, L-1]`` log-probs under the frozen base weights, without gradient."""
         with torch.no_grad():
-            if self.ref_model is not None:
-                return token_logprobs(self.ref_model, batch)[0]
+            if self.ref_logprobs is not None:
+                return self.ref_logprobs(batch)[0]
             with self.model.disable_adapter():  # type: ignore[operator]
-                return token_logprobs(self.model, batch)[0]
+                return self.policy_logprobs(batch)[0]
+
+    def teacher_logprobs(
+        self, requests: list[TrainSample], *, base: bool = False
+    ) -> list[list[float]]:
+        """OPD teacher log-probs computed by the trainer itself (``clawrl train``).
+
+        Each request is a hint-enhanced prompt with the turn's sampled ids (``prompt_ids`` the
+        hinted prompt, ``completion_ids`` the turn's, ``temperature`` the turn's; its
+        ``sampling_logprobs`` are ignored). The teacher is the current policy, or the frozen base
+        weights with ``base`` (a LoRA adapter disabled; full fine-tuning: the frozen copy), as
+        ``engine.score`` of the in-process learner (:mod:`clawrl.trainer.online`) computes
+        them: ``log softmax(logits / T)`` of each sampled id, temperature 1 for greedy turns.
+
+        Returns:
+            Per request, ``[c]`` log π_teacher(a_t | s + hint), in request order.
+
+        Raises:
+            TrainerError: ``base`` without base weights to score with (full fine-tuning built
+                without ``computes_teacher``).
+        """
+        if base and self.ref_logprobs is None and not hasattr(self.model, "disable_adapter"):
+            raise TrainerError("the base teacher needs the frozen base weights "
+                               "(build the trainer with computes_teacher=True)")  # fmt: skip
+        self.model.eval()
+        parts: list[tuple[int, list[list[float]]]] = []
+        for rows in self._micro_batches(len(requests)):
+            start, stop = rows or (0, 1)
+            batch = collate(requests[start:stop]).to(self.device)
+            if base:
+                lp = self._base_logprobs(batch)
+            else:
+                with torch.no_grad():
+                    lp = self.policy_logprobs(batch)[0]
+            if rows is not None:
+                mask = batch.loss_mask.cpu()
+                values = lp.detach().cpu().double()
+                parts += [(start + i, values[i][mask[i]].tolist()) for i in range(stop - start)]
+        out = dict(x for rank_parts in self._gather([parts]) for x in rank_parts)
+        return [out[i] for i in range(len(requests))]
 
     def train_step(self, samples: list[TrainSample]) -> dict[str, float]:
         """One optimizer step over ``samples``; returns ``/``-namespaced metrics.
@@ -201,19 +286,18 @@ class Trainer:
         )
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        totals: dict[str, float] = {}
-        total_loss = 0.0
-        mb = max(1, self.config.micro_batch_size)
-        for start in range(0, len(kept), mb):
-            batch = collate(kept[start : start + mb])
+        parts: list[tuple[float, dict[str, float]]] = []
+        for rows in self._micro_batches(len(kept)):
+            start, stop = rows or (0, 1)  # a pass that weighs nothing: row 0 again, loss x 0
+            batch = collate(kept[start:stop]).to(self.device)
             width = batch.loss_mask.shape[1]  # right padding: a row's positions do not move
-            policy_lp, entropy = token_logprobs(self.model, batch)
+            policy_lp, entropy = self.policy_logprobs(batch)
             out = compute_loss(
                 loss_config,
                 LossInputs(
                     policy_logprobs=policy_lp,
                     sampling_logprobs=batch.sampling_logprobs,
-                    advantages=advantages.advantages[start : start + mb, :width],
+                    advantages=advantages.advantages[start:stop, :width].to(self.device),
                     loss_mask=batch.loss_mask,
                     old_logprobs=policy_lp.detach(),
                     ref_logprobs=self._ref_logprobs(batch),
@@ -222,28 +306,16 @@ class Trainer:
                     normalizers=normalizers,
                 ),
             )
+            if rows is None:
+                (out.loss * 0.0).backward()  # FSDP2's gradient reduction runs on every rank
+                continue
             out.loss.backward()
-            total_loss += float(out.loss.detach())
-            # token-mean metrics weigh each micro-batch by its share of the tokens trained
-            weight = out.metrics.get("tokens/count", 0.0) / max(1.0, normalizers.num_tokens)
-            for k, v in out.metrics.items():
-                if k.startswith(("tokens/", "seqs/", "loss/")):  # counts; shares of the loss
-                    totals[k] = totals.get(k, 0.0) + v
-                elif k.endswith(("/min", "/max")):
-                    if weight > 0:  # a micro-batch without trained tokens has no extremes
-                        pick = min if k.endswith("/min") else max
-                        totals[k] = pick(totals.get(k, v), v)
-                elif not k.startswith("adv/"):  # advantages: full-batch metrics below
-                    totals[k] = totals.get(k, 0.0) + v * weight
-        grad_norm = (
-            float(torch.nn.utils.clip_grad_norm_(self.params, self.config.grad_clip))
-            if self.config.grad_clip > 0
-            else float(
-                torch.linalg.vector_norm(
-                    torch.stack([p.grad.norm() for p in self.params if p.grad is not None])
-                )
-            )
+            parts.append((float(out.loss.detach()), out.metrics))
+        total_loss, totals = merge_micro_metrics(
+            [p for rank_parts in self._gather([parts]) for p in rank_parts],
+            normalizers.num_tokens,
         )
+        grad_norm = self._clip_gradients()
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -267,6 +339,20 @@ class Trainer:
         }
         return metrics
 
+    def _clip_gradients(self) -> float:
+        """The global L2 norm of the gradients, clipped to ``grad_clip`` when it is > 0.
+
+        Sharded (DTensor) gradients give a norm over every rank's shards (``full_tensor``), so
+        every rank clips by the same factor."""
+        grads = [p.grad for p in self.params if p.grad is not None]
+        total = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+        full_tensor = getattr(total, "full_tensor", None)
+        if callable(full_tensor):
+            total = full_tensor()
+        if self.config.grad_clip > 0:
+            torch.nn.utils.clip_grads_with_norm_(self.params, self.config.grad_clip, total)
+        return float(total)
+
     def _check_method_inputs(self, samples: list[TrainSample]) -> None:
         needs = self.method.needs
         kind = self.method.kind
@@ -282,13 +368,9 @@ class Trainer:
         if self.config.full_finetune:
             return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         target = self.output_dir / "policies" / f"v{version}"
-        tmp = target.with_name(target.name + ".tmp")
-        if tmp.exists():
-            shutil.rmtree(tmp)
+        tmp = fresh_dir(target.with_name(target.name + ".tmp"))
         self.model.save_pretrained(str(tmp))  # type: ignore[operator]
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
+        replace_dir(tmp, target)
         return target
 
     def publish(self, engine: Engine) -> int:
@@ -327,16 +409,7 @@ class Trainer:
             tmp / "state.pt",
         )
         meta = {"step": self.step, "policy_version": self.policy_version, **(extra or {})}
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-        (ckpt_root / "latest.tmp").write_text(target.name)
-        os.replace(ckpt_root / "latest.tmp", ckpt_root / "latest")
-        keep = self.config.keep_checkpoints
-        if keep:  # the newest ``keep`` survive; ``latest`` already points past the others
-            for old in sorted(ckpt_root.glob("step-*"))[:-keep]:
-                shutil.rmtree(old, ignore_errors=True)
+        commit_checkpoint(tmp, target, meta, keep=self.config.keep_checkpoints)
         return target
 
     def load_checkpoint(self, path: str | Path | None = None) -> dict[str, Any] | None:
@@ -346,13 +419,9 @@ class Trainer:
             TrainerError: the checkpoint's parameter names do not match this model (lists the
                 missing and unexpected names) — never a silent fresh start.
         """
-        root = self.output_dir / "checkpoints"
+        path = checkpoint_path(self.output_dir, path)
         if path is None:
-            latest = root / "latest"
-            if not latest.is_file():
-                return None
-            path = root / latest.read_text().strip()
-        path = Path(path)
+            return None
         state = torch.load(path / "state.pt", weights_only=False)
         names = {n for n, p in self.model.named_parameters() if p.requires_grad}
         saved = set(state["trainable"])
@@ -373,3 +442,68 @@ class Trainer:
         self.step = int(meta["step"])
         self.policy_version = int(meta["policy_version"])
         return meta
+
+
+def merge_micro_metrics(
+    parts: list[tuple[float, dict[str, float]]], num_tokens: float
+) -> tuple[float, dict[str, float]]:
+    """One step's loss and metrics from its micro-batches' ``(loss, metrics)`` (every rank's).
+
+    Losses, counts (``tokens/``, ``seqs/``) and shares of the loss (``loss/``) add up;
+    ``/min`` and ``/max`` take the extreme over micro-batches that trained a token; every other
+    metric is a token mean, so each micro-batch weighs by its share of the batch's
+    ``num_tokens`` trained tokens. ``adv/`` metrics are left out (the caller has them for the
+    whole batch)."""
+    totals: dict[str, float] = {}
+    total_loss = 0.0
+    for loss, metrics in parts:
+        total_loss += loss
+        weight = metrics.get("tokens/count", 0.0) / max(1.0, num_tokens)
+        for k, v in metrics.items():
+            if k.startswith(("tokens/", "seqs/", "loss/")):  # counts; shares of the loss
+                totals[k] = totals.get(k, 0.0) + v
+            elif k.endswith(("/min", "/max")):
+                if weight > 0:  # a micro-batch without trained tokens has no extremes
+                    pick = min if k.endswith("/min") else max
+                    totals[k] = pick(totals.get(k, v), v)
+            elif not k.startswith("adv/"):  # advantages: full-batch metrics
+                totals[k] = totals.get(k, 0.0) + v * weight
+    return total_loss, totals
+
+
+def fresh_dir(path: Path) -> Path:
+    """``path`` emptied (what an interrupted write left there is removed); not created."""
+    if path.exists():
+        shutil.rmtree(path)
+    return path
+
+
+def replace_dir(tmp: Path, target: Path) -> None:
+    """Put the finished directory ``tmp`` in ``target``'s place."""
+    if target.exists():
+        shutil.rmtree(target)
+    os.replace(tmp, target)
+
+
+def commit_checkpoint(tmp: Path, target: Path, meta: dict[str, Any], *, keep: int) -> None:
+    """Finish a checkpoint written to ``tmp``: its ``meta.json``, the rename to ``target``,
+    then ``latest`` pointing at it (atomic: a crash before leaves ``latest`` at the previous
+    one); with ``keep`` > 0 only the newest ``keep`` checkpoints survive."""
+    root = target.parent
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+    replace_dir(tmp, target)
+    (root / "latest.tmp").write_text(target.name)
+    os.replace(root / "latest.tmp", root / "latest")
+    if keep:  # ``latest`` already points past the others
+        for old in sorted(root.glob("step-*"))[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def checkpoint_path(output_dir: Path, path: str | Path | None = None) -> Path | None:
+    """``path``, or the checkpoint ``output_dir/checkpoints/latest`` names (``None``: none)."""
+    if path is not None:
+        return Path(path)
+    latest = output_dir / "checkpoints" / "latest"
+    if not latest.is_file():
+        return None
+    return latest.parent / latest.read_text().strip()

@@ -1,0 +1,126 @@
+"""The trainer's process group: torchrun's ranks, or one process on its own.
+
+``torchrun --nproc-per-node N -m clawrl.trainer ...`` (or ``clawrl train --nproc N``, which runs
+torchrun) starts N ranks with ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and the rendezvous in
+their environment; :func:`init_distributed` joins them into one process group (gloo on CPU,
+NCCL on CUDA). Without torchrun it makes a group of one (an in-memory store), so the same
+sharded trainer, checkpoints included, runs in a single process. No RPC of clawrl's own: rank 0
+decides each batch and :func:`broadcast_object` hands it to the others.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from clawrl.errors import ConfigError
+
+IDLE_TIMEOUT = datetime.timedelta(hours=24)
+"""How long a collective may wait (the other ranks wait in a broadcast while rank 0 polls the
+store; rank 0 sends one every poll interval, so only a hung rank comes near it)."""
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """This rank's place in the trainer's process group.
+
+    Attributes:
+        rank: 0 .. world_size - 1; rank 0 reads the store, writes it, and publishes.
+        world_size: ranks in the group.
+        local_rank: the rank on this node (which GPU it uses).
+        device: this rank's torch device (``cpu``, or ``cuda:LOCAL_RANK``).
+        backend: ``gloo`` (CPU) or ``nccl`` (CUDA).
+    """
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one that reads and writes the store."""
+        return self.rank == 0
+
+
+def launched_by_torchrun() -> bool:
+    """Whether this process is one of torchrun's ranks (``RANK`` and ``WORLD_SIZE`` are set)."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def init_distributed(device: str = "cpu") -> DistEnv:
+    """Join (or make) the process group; returns this rank's :class:`DistEnv`.
+
+    Args:
+        device: ``cpu`` (gloo), or ``cuda`` / ``cuda:N`` (NCCL; each rank takes
+            ``cuda:LOCAL_RANK``).
+
+    Raises:
+        ConfigError: a CUDA device without CUDA, or a group already made in this process.
+    """
+    if dist.is_initialized():
+        raise ConfigError("a torch.distributed process group already exists in this process")
+    kind = torch.device(device).type
+    if kind not in ("cpu", "cuda"):
+        raise ConfigError(f"the trainer runs on cpu or cuda, not {device!r}")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {device!r}: this torch build sees no CUDA device")
+    backend = "nccl" if kind == "cuda" else "gloo"
+    if launched_by_torchrun():
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        local = int(os.environ.get("LOCAL_RANK", rank))
+        dev = torch.device("cuda", local) if kind == "cuda" else torch.device("cpu")
+        if kind == "cuda":
+            torch.cuda.set_device(dev)
+        dist.init_process_group(
+            backend, timeout=IDLE_TIMEOUT, device_id=dev if kind == "cuda" else None
+        )
+    else:
+        rank, world, local = 0, 1, 0
+        dev = torch.device(device) if kind == "cuda" else torch.device("cpu")
+        if kind == "cuda":
+            torch.cuda.set_device(dev)
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                                timeout=IDLE_TIMEOUT)  # fmt: skip
+    return DistEnv(rank, world, local, dev, backend)
+
+
+def shutdown_distributed() -> None:
+    """Leave the process group (no-op when there is none)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def broadcast_object(obj: Any, env: DistEnv) -> Any:
+    """Rank 0's ``obj`` on every rank (pickled; a batch's samples, a command).
+
+    Raises:
+        RuntimeError: a rank left the group (torch.distributed's error: the job ends and a
+            restart resumes from the last checkpoint).
+    """
+    if env.world_size == 1:
+        return obj
+    box = [obj if env.is_main else None]
+    dist.broadcast_object_list(box, src=0, device=env.device if env.backend == "nccl" else None)
+    return box[0]
+
+
+def gather_objects(obj: Any, env: DistEnv) -> list[Any]:
+    """Every rank's ``obj``, in rank order, on every rank."""
+    if env.world_size == 1:
+        return [obj]
+    out: list[Any] = [None] * env.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def barrier(env: DistEnv) -> None:
+    """Wait until every rank is here."""
+    if env.world_size > 1:
+        dist.barrier()

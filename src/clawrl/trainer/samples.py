@@ -1,0 +1,190 @@
+"""When a judged turn becomes a training sample: the rules both online trainers share.
+
+The in-process learner (:mod:`clawrl.trainer.online`, ``clawrl serve --method ...``) and the
+trainer process (:mod:`clawrl.trainer.process`, ``clawrl train``) read the same store rows and
+decide the same way:
+
+- not ok / not trainable (incomplete stream, error, untrainable ids) -> ``drop/untrainable``;
+- older than ``max_staleness`` versions -> ``drop/stale``;
+- no judgment (all votes abstained, no next state) and no hint -> ``drop/no_judgment`` or
+  ``drop/no_next_state``;
+- it lacks every piece of evidence the method accepts (:attr:`clawrl.config.SampleNeeds.any_of`:
+  ``rl`` a non-zero score, unless ``train_on_zero``; ``opd`` a hint; ``combine`` either) ->
+  ``drop/no_hint`` when only a hint would do, ``drop/zero_score`` for a score of 0, else
+  ``drop/no_judgment``;
+- otherwise it becomes a :class:`TrainSample` carrying what the method uses (the score as
+  reward, the hint's teacher log-probs).
+
+**Where the hint goes (OPD teacher).** The teacher is the policy itself on a hint-enhanced
+prompt (:func:`hinted_messages`): the turn's own messages with the hint where the method's
+``hint_placement`` says, rendered with the same chat template and tools
+(:func:`teacher_prompt_ids`). Its log-probs of the turn's sampled ids are taken at the turn's own
+sampling temperature; ``teacher="base"`` scores with the frozen base weights.
+
+**Exactly once.** A step's turn ids are written into its checkpoint's meta before the
+``samples`` rows; after a crash :func:`record_checkpoint_samples` re-records the ids the crash
+left out, so no sample is trained twice and none is lost.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from clawrl.chat import ChatMessage, ToolSpec, render_prompt
+from clawrl.config import HintPlacement, SampleNeeds
+from clawrl.store import (
+    DropReason,
+    JudgmentRecord,
+    PolicyVersionRecord,
+    SampleRecord,
+    SampleStatus,
+    Store,
+    TurnRecord,
+    TurnStatus,
+    WeightsKind,
+)
+from clawrl.trainer.types import TrainSample
+
+HINT_TEMPLATE = "\n\n[Hint: {hint}]"
+SYSTEM_HINT_TEMPLATE = "Keep in mind what the user asked for: {hint}"
+
+
+def hinted_messages(
+    messages: list[ChatMessage], hint: str, placement: HintPlacement = "user"
+) -> list[ChatMessage]:
+    """The turn's messages with the hint where ``placement`` says.
+
+    * ``user``: appended to the last non-assistant message (``\\n\\n[Hint: HINT]``);
+    * ``system``: in the system message (appended to the first one, or a new one first):
+      ``Keep in mind what the user asked for: HINT``.
+    """
+    out = list(messages)
+    if placement == "system":
+        text = SYSTEM_HINT_TEMPLATE.format(hint=hint.strip())
+        for i, m in enumerate(out):
+            if m.role == "system":
+                out[i] = m.model_copy(update={"content": f"{m.content or ''}\n\n{text}".strip()})
+                return out
+        return [ChatMessage(role="system", content=text), *out]
+    for i in range(len(out) - 1, -1, -1):
+        m = out[i]
+        if m.role != "assistant":
+            out[i] = m.model_copy(
+                update={"content": (m.content or "") + HINT_TEMPLATE.format(hint=hint.strip())}
+            )
+            return out
+    return [*out, ChatMessage(role="user", content=HINT_TEMPLATE.format(hint=hint).strip())]
+
+
+def teacher_prompt_ids(
+    tokenizer: Any, turn: TurnRecord, hint: str, placement: HintPlacement
+) -> list[int]:
+    """``[p']`` token ids of the turn's hint-enhanced prompt (the OPD teacher's context)."""
+    messages = [ChatMessage.model_validate(m) for m in turn.request_messages]
+    tools = [ToolSpec.model_validate(t) for t in (turn.tools or [])] or None
+    return render_prompt(tokenizer, hinted_messages(messages, hint, placement), tools).token_ids
+
+
+def turn_temperature(turn: TurnRecord) -> float:
+    """The temperature the turn was sampled at (1.0 when the request did not say)."""
+    return float(turn.sampling_params.get("temperature", 1.0))
+
+
+def scored(j: JudgmentRecord, needs: SampleNeeds) -> bool:
+    """The judgment has a score the method counts as a reward."""
+    return j.score is not None and (j.score != 0 or needs.zero_is_reward)
+
+
+def decide(
+    turn: TurnRecord, j: JudgmentRecord, needs: SampleNeeds, *, lag: int, max_staleness: int
+) -> DropReason | None:
+    """Why this judged turn is not a sample (``None``: it is one); see the module docstring.
+
+    Args:
+        lag: the trainer's policy version minus the turn's.
+        max_staleness: the most versions a sample may lag.
+    """
+    if turn.status != TurnStatus.OK or not turn.trainable or not turn.completion_ids:
+        return DropReason.UNTRAINABLE
+    if lag > max_staleness:
+        return DropReason.STALE
+    has_hint = bool(j.hint)
+    if j.score is None and not has_hint:
+        if j.reason == DropReason.NO_NEXT_STATE:
+            return DropReason.NO_NEXT_STATE
+        return DropReason.NO_JUDGMENT
+    offers = {"reward": scored(j, needs), "hint": has_hint}
+    if any(offers[e] for e in needs.any_of):
+        return None
+    if needs.any_of == ("hint",):
+        return DropReason.NO_HINT
+    return DropReason.ZERO_SCORE if j.score == 0 else DropReason.NO_JUDGMENT
+
+
+def make_sample(
+    turn: TurnRecord,
+    j: JudgmentRecord,
+    needs: SampleNeeds,
+    teacher_logprobs: list[float] | None,
+) -> TrainSample:
+    """The :class:`TrainSample` of a turn :func:`decide` accepted.
+
+    The reward is the judge's score when the method uses rewards and counts it; a hint-only turn
+    of a method that also uses rewards gets reward 0 (OPD alone: A = 0·w_rl + OPD).
+    """
+    reward = None
+    if j.score is not None and needs.uses_reward and scored(j, needs):
+        reward = float(j.score)
+    return TrainSample(
+        prompt_ids=turn.prompt_ids,
+        completion_ids=turn.completion_ids,
+        sampling_logprobs=turn.sampling_logprobs,
+        temperature=turn_temperature(turn),
+        reward=reward if reward is not None or not needs.uses_reward else 0.0,
+        teacher_logprobs=teacher_logprobs,
+        policy_version=turn.policy_version,
+        truncated=turn.finish_reason == "length",
+        turn_id=turn.id,
+    )
+
+
+def drop_record(turn_id: str, reason: DropReason, drops: dict[str, int]) -> SampleRecord:
+    """The ``samples`` row of a dropped turn; counts it in ``drops`` (``drop/<reason>``)."""
+    key = f"drop/{reason}"
+    drops[key] = drops.get(key, 0) + 1
+    return SampleRecord(turn_id, SampleStatus.DROPPED, reason=str(reason))
+
+
+def trained_records(turn_ids: list[str], step: int, version: int) -> list[SampleRecord]:
+    """The ``samples`` rows of one step's turns (trained at ``step``, producing ``version``)."""
+    return [SampleRecord(t, SampleStatus.TRAINED, step=step, policy_version=version)
+            for t in turn_ids]  # fmt: skip
+
+
+def record_checkpoint_samples(store: Store, meta: dict[str, Any]) -> int:
+    """Re-record the turns a checkpoint trained whose ``samples`` rows a crash left out;
+    returns how many (exactly once: the meta's ``turn_ids`` were written before the rows)."""
+    missing = [t for t in meta.get("turn_ids", []) if store.get_sample(t) is None]
+    if missing:
+        store.record_samples(
+            trained_records(missing, int(meta["step"]), int(meta["policy_version"]))
+        )
+    return len(missing)
+
+
+def published(version: int, weights: Any, step: int, *, full: bool = False) -> PolicyVersionRecord:
+    """The store's record of a version the trainer saved.
+
+    Args:
+        version: the new policy version.
+        weights: a directory (a LoRA adapter, or with ``full`` a directory holding
+            ``model.safetensors``: every replica on this filesystem loads it), or full weights
+            held in memory (not loadable by another process: recorded without a path).
+        step: the training step that produced it.
+        full: the weights are the whole model (full fine-tuning), not a LoRA adapter.
+    """
+    path = str(Path(weights).resolve()) if isinstance(weights, str | Path) else None
+    if full or path is None:
+        return PolicyVersionRecord(version, WeightsKind.FULL, path, step)
+    return PolicyVersionRecord(version, WeightsKind.LORA, path, step)
