@@ -17,13 +17,18 @@ What is built, from :class:`clawrl.config.Config`:
   training never changes the judge) and the online loop (:class:`~clawrl.trainer.service.
   OnlineService`: judge worker + learner), run by the app's lifespan; with ``online=False``
   (harness mode): a :class:`~clawrl.trainer.Trainer` the caller steps itself;
-* without training: a :class:`~clawrl.gateway.versions.VersionFollower` in the app's lifespan,
-  so a replica serves each policy version the trainer (another replica) published in the store;
+* without training, or with ``server.external_trainer`` (the judge and the trainer run as their
+  own processes): a :class:`~clawrl.gateway.versions.VersionFollower` in the app's lifespan, so
+  the gateway serves each policy version the trainer (``clawrl train``, or another replica)
+  published in the store;
 * the gateway app (:func:`clawrl.gateway.create_app`) over all of it, with the live dashboard
   (:mod:`clawrl.dashboard`) mounted at ``/dashboard``.
 
 The runtime owns what it built (engines, store) and closes it; what the caller passed in
 (a policy, a store, a judge) stays the caller's.
+
+The separate processes are built here too: :func:`build_judge_worker` (``clawrl judge worker``)
+and :func:`build_trainer_process` (``clawrl train``, one rank of it under torchrun).
 """
 
 from __future__ import annotations
@@ -43,8 +48,12 @@ from clawrl.trainer.judge_worker import JudgeFn
 if TYPE_CHECKING:
     from clawrl.dashboard import DashboardSource
     from clawrl.gateway.server import LiveServer
+    from clawrl.gateway.versions import VersionFollower
     from clawrl.judge import Judge
     from clawrl.trainer import Trainer
+    from clawrl.trainer.distributed import DistEnv
+    from clawrl.trainer.judge_worker import JudgeWorker
+    from clawrl.trainer.process import TrainerProcess
     from clawrl.trainer.service import OnlineService
 
 ENGINE_BACKENDS: dict[str, Callable[[Any, Config], Engine]] = {}
@@ -183,6 +192,7 @@ class Runtime:
         dashboard: what ``/dashboard`` reads (the demo sets its ``demo`` view).
         follows_versions: the app's lifespan loads the policy versions another process
             publishes in the store (a replica that does not train: ``clawrl.gateway.versions``).
+        follower: that :class:`~clawrl.gateway.versions.VersionFollower`, or ``None``.
     """
 
     config: Config
@@ -196,6 +206,7 @@ class Runtime:
     judge: JudgeBundle | None = None
     dashboard: DashboardSource | None = None
     follows_versions: bool = False
+    follower: VersionFollower | None = None
     _owned: list[Callable[[], None]] = field(default_factory=list, repr=False)
 
     def resume(self) -> int:
@@ -244,11 +255,14 @@ def build_runtime(
         model_name: the served name; default: the model spec (a directory's name).
         api_key: the bearer key every route but ``/healthz`` requires (``None``: no auth).
         online: with a training method, run the online loop (True) or give the caller a
-            trainer to step (False, harness mode).
+            trainer to step (False, harness mode). With ``server.external_trainer`` the online
+            loop runs elsewhere (``clawrl judge worker`` and ``clawrl train``) and this app
+            follows the versions they publish.
 
     Raises:
         ConfigError: the method does not fit the mode (``grpo`` needs harness rollout groups;
-            harness mode trains only ``grpo``), or a part's settings are wrong.
+            harness mode trains only ``grpo``), an external trainer without version polling
+            (``server.version_poll_s`` 0), or a part's settings are wrong.
         ModelError, JudgeError, StoreError: a part cannot be built (whatever was built before
             it is closed).
     """
@@ -264,6 +278,10 @@ def build_runtime(
             + ("needs rollout groups: use it in harness mode (clawrl harness train)"
                if online else "cannot train harness rollouts: use grpo or dr_grpo")
         )  # fmt: skip
+    external = config.server.external_trainer and online
+    if external and config.server.version_poll_s <= 0:
+        raise ConfigError("server.external_trainer needs server.version_poll_s > 0: an external "
+                          "trainer's versions reach this gateway only through the store")  # fmt: skip
     owned: list[Callable[[], None]] = []
     try:
         if policy is None:
@@ -275,7 +293,7 @@ def build_runtime(
             owned.append(store.close)
         service: OnlineService | None = None
         trainer: Trainer | None = None
-        if method.trains and online:
+        if method.trains and online and not external:
             from clawrl.trainer.service import OnlineService
 
             if judge is None:
@@ -291,11 +309,13 @@ def build_runtime(
             trainer = Trainer(policy.model, config.trainer, policy_version=engine.policy_version)
         name = model_name or (Path(spec).name if Path(spec).is_dir() else spec)
         lifespan = service.lifespan if service is not None else None
+        follower = None
         if lifespan is None and online and config.server.version_poll_s > 0:
             # a replica that does not train serves what the trainer published (gateway.versions)
             from clawrl.gateway.versions import VersionFollower
 
-            lifespan = VersionFollower(store, engine, config.server.version_poll_s).lifespan
+            follower = VersionFollower(store, engine, config.server.version_poll_s)
+            lifespan = follower.lifespan
         app = create_app(
             engine, policy.tokenizer, store, model_name=name, api_key=api_key,
             defaults=config.sampling, lifespan=lifespan,
@@ -314,6 +334,84 @@ def build_runtime(
     return Runtime(
         config=config, policy=policy, engine=engine, store=store, app=app, model_name=name,
         service=service, trainer=trainer, judge=judge if service is not None else None,
-        dashboard=dashboard, follows_versions=service is None and lifespan is not None,
+        dashboard=dashboard, follows_versions=follower is not None, follower=follower,
         _owned=owned,
+    )  # fmt: skip
+
+
+def build_judge_worker(
+    config: Config, *, store: Store | str | Path | None = None, judge: JudgeBundle | None = None
+) -> tuple[JudgeWorker, Callable[[], None]]:
+    """``clawrl judge worker``: a :class:`~clawrl.trainer.judge_worker.JudgeWorker` over the
+    store, judging every turn that has a next state with the judge of ``config.judge``.
+
+    Args:
+        config: all settings (``judge``; ``server.store`` unless ``store`` is given).
+        store: the store or its target (a store passed in stays the caller's).
+        judge: a judge to use instead of building one (tests).
+
+    Returns:
+        ``(worker, close)``: ``close`` closes what was built here (the judge's engine, the store).
+
+    Raises:
+        ModelError, JudgeError, StoreError: a part cannot be built (what was built is closed).
+    """
+    from clawrl.trainer.judge_worker import JudgeWorker
+
+    owned: list[Callable[[], None]] = []
+
+    def close() -> None:
+        for closer in reversed(owned):
+            with contextlib.suppress(Exception):
+                closer()
+
+    try:
+        if not isinstance(store, Store):
+            store = Store(store if store is not None else config.server.store)
+            owned.append(store.close)
+        if judge is None:
+            judge = build_judge(config)
+            owned.append(judge.close)
+        # the judge keeps its own deadline; the worker's is a guard for judges that do not
+        worker = JudgeWorker(store, judge.judge, timeout_s=config.judge.timeout_s + 30.0)
+    except BaseException:
+        close()
+        raise
+    return worker, close
+
+
+def build_trainer_process(
+    config: Config, env: DistEnv, *, policy: Any = None, out: Callable[[str], None] = print
+) -> TrainerProcess:
+    """``clawrl train`` on one rank: the policy (``config.model``, loaded by every rank), the
+    sharded trainer (:class:`~clawrl.trainer.fsdp.ShardedTrainer`, computing its own OPD
+    teacher), and on rank 0 the store (``server.store``) and the metrics writer
+    (``trainer.output_dir``). Not yet resumed: call ``resume()``.
+
+    Raises:
+        ConfigError: the method trains nothing or needs harness rollout groups (``grpo``:
+            ``clawrl harness train``), or ``trainer.checkpoint_every`` is not 1.
+        ModelError, StoreError: the policy or the store cannot be opened.
+    """
+    from clawrl.models import load_policy
+    from clawrl.trainer.fsdp import ShardedTrainer
+    from clawrl.trainer.metrics import MetricsWriter
+    from clawrl.trainer.process import TrainerProcess
+
+    method = config.trainer.method
+    if not method.trains:
+        raise ConfigError("clawrl train needs a training method (--method rl|opd|combine)")
+    if method.needs.group:
+        raise ConfigError(f"method {method.kind!r} needs rollout groups: use it in harness "
+                          "mode (clawrl harness train)")  # fmt: skip
+    if policy is None:
+        policy = load_policy(config.model.spec, dtype=config.model.dtype, device="cpu")
+    trainer = ShardedTrainer(policy.model, config.trainer, env, computes_teacher=True)
+    store = metrics = None
+    if env.is_main:
+        store = Store(config.server.store)
+        metrics = MetricsWriter(config.trainer.output_dir)
+    return TrainerProcess(
+        trainer, env, config.trainer, store=store, tokenizer=policy.tokenizer,
+        max_context=policy.max_context, metrics=metrics, out=out,
     )  # fmt: skip

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from clawrl.judge.types import BackendKind, Judgment, Score
-from clawrl.store import Store, TurnRecord
+from clawrl.store import JudgmentRecord, Store, TurnRecord
 from clawrl.trainer.judge_worker import JudgeWorker
 
 
@@ -75,3 +75,26 @@ def test_feedback_is_a_next_state_and_a_slow_judge_times_out(tmp_path, tokenizer
             j = store.get_judgment(t)
             assert j.score is None and j.reason == "timeout"
         assert store.get_judgment(t2).next_state_role == "feedback"
+
+
+def test_the_first_stored_verdict_wins_when_two_workers_judge_a_turn(tmp_path, tokenizer):
+    # worker B reads the turn as unjudged; while its judge runs, worker A stores a verdict
+    # (another process, or the worker's own earlier life before a kill -9): B keeps A's
+    with Store(tmp_path / "s.db") as store:
+        _, t1, _ = _session(store, tokenizer)
+
+        async def late(inp):
+            store.record_judgment(JudgmentRecord(t1, store.get_turn(t1).session_id, -1, "A"))
+            return Judgment(score=Score.GOOD, backend=BackendKind.GENERATIVE, model="B")
+
+        lines = []
+        worker = JudgeWorker(store, late)
+        worker.on_judgment = lines.append
+        asyncio.run(worker.poll_once())
+        j = store.get_judgment(t1)
+        assert j.score == -1 and j.backend == "A"
+        assert worker.duplicates == 1 and worker.judged == 0 and lines == []
+        stored = store.record_judgment(JudgmentRecord(t1, j.session_id, 1, "C"), replace=False)
+        assert not stored and store.get_judgment(t1).backend == "A"
+        assert store.record_judgment(JudgmentRecord(t1, j.session_id, 1, "C"))  # replace
+        assert store.get_judgment(t1).backend == "C"

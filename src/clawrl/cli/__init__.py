@@ -20,6 +20,7 @@ from clawrl.cli import (
     serve,
     sessions,
     store,
+    train,
 )
 from clawrl.errors import ClawrlError
 
@@ -42,6 +43,9 @@ Serve, record and train online (point any OpenAI/Anthropic client or harness at 
   clawrl sessions show 3f2a9c0d11e4               one session as a prefix tree (id or prefix)
   clawrl export --out trajectories.jsonl          token ids, loss masks, log-probs
   clawrl serve --store postgresql://u@db/clawrl   replicas on one PostgreSQL store
+  clawrl serve --method combine --external-trainer    the same as three processes on one store:
+  clawrl judge worker --store clawrl.db           ...the judge, and
+  clawrl train --method combine --nproc 2         ...the trainer, FSDP2 over 2 torchrun ranks
   clawrl store copy clawrl.db postgresql://...    move a store to PostgreSQL (and back)
   clawrl dashboard --demo demo-report             the dashboard of a finished run (serve and
                                                   demo show it live at /dashboard)
@@ -53,7 +57,8 @@ Measure:
 """
 
 _MODULES = [
-    demo, generate, doctor, serve, sessions, store, dashboard, export_model, judge, eval, harness,
+    demo, generate, doctor, serve, train, sessions, store, dashboard, export_model, judge, eval,
+    harness,
 ]  # fmt: skip
 
 
@@ -76,6 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``clawrl`` console script; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",

@@ -1,4 +1,5 @@
-"""``clawrl judge eval``: measure the PRM judge on a labeled set."""
+"""``clawrl judge eval``: measure the PRM judge on a labeled set; ``train`` fits its head;
+``worker`` (:mod:`clawrl.cli.judge_worker`) runs it over the store as its own process."""
 
 from __future__ import annotations
 
@@ -8,13 +9,15 @@ import json
 from pathlib import Path
 from typing import Any
 
+from clawrl.cli import judge_worker
 from clawrl.cli.common import add_config_options, config_from_args, quiet_transformers
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "judge",
-        help="the PRM judge (turn scores and hints): eval measures it, train fits its head",
+        help="the PRM judge (turn scores and hints): eval measures it, train fits its head, "
+        "worker runs it over the store",
         description="The PRM judge scores a turn +1 / -1 / 0 from what came next, by a "
         "majority of m votes, and writes a hint when the next state says how the turn should "
         "have been done.",
@@ -110,6 +113,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     t.add_argument("--extra-weight", type=float, default=3.0, help="weight of each extra case (3)")
     add_config_options(t)
     t.set_defaults(func=run_train)
+    judge_worker.register(jsub)
 
 
 def _backend_config(args: argparse.Namespace) -> Any:

@@ -101,14 +101,25 @@ def add_online_options(p: argparse.ArgumentParser) -> None:
         "online training (OpenClaw-RL)",
         "With --method rl|opd|combine the server also judges every turn from its next state "
         "(the user's reply, a tool's output, explicit feedback) and trains the policy every "
-        "--batch-size samples, swapping each new version in between requests. Any other "
+        "--batch-size samples, swapping each new version in between requests. With "
+        "--external-trainer the judge and the trainer run as their own processes (clawrl judge "
+        "worker, clawrl train) and this server serves each version they publish. Any other "
         "setting: --set trainer.method.KEY=VALUE (see clawrl.config.method).",
     )
-    add_method_option(
-        g,
-        ["off", "rl", "opd", "combine"],
-        "off (default): serve and record only; rl: Binary RL; opd: hindsight OPD; combine: both",
+    add_online_method_options(
+        g, "off (default): serve and record only; rl: Binary RL; opd: hindsight OPD; combine: both"
     )
+    g.add_argument("--external-trainer", action="store_true", default=None,
+                   help="the judge and the trainer run as their own processes on this store "
+                   "(clawrl judge worker, clawrl train): only serve, record, and load each "
+                   "version they publish")  # fmt: skip
+    add_judge_options(p)
+
+
+def add_online_method_options(g: argparse._ArgumentGroup, method_help: str) -> None:
+    """``--method rl|opd|combine``, the trainer's flags, ``--output-dir`` and the OPD/combine
+    flags: what ``clawrl serve`` and ``clawrl train`` share."""
+    add_method_option(g, ["off", "rl", "opd", "combine"], method_help)
     add_trainer_options(g)
     g.add_argument("--output-dir", help="versions, checkpoints, metrics (runs/online); a "
                    "restart with the same dir and --store resumes")  # fmt: skip
@@ -119,7 +130,6 @@ def add_online_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--opd-clip", type=float, help="clip of the OPD advantage (off)")
     g.add_argument("--train-on-zero", action="store_true", default=None,
                    help="rl/combine: train on score-0 turns too")  # fmt: skip
-    add_judge_options(p)
 
 
 def add_judge_options(p: argparse.ArgumentParser) -> None:
@@ -208,6 +218,10 @@ def apply_flags(
             if not isinstance(method, dict):
                 method = trainer["method"] = {}
             _put(method, path, {"kind": value})
+    if getattr(args, "external_trainer", None):
+        server = data.setdefault("server", {})
+        if isinstance(server, dict):
+            server["external_trainer"] = True
     engine = data.setdefault("engine", {})
     if getattr(args, "engine", None):
         engine["backend"] = args.engine

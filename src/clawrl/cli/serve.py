@@ -17,7 +17,7 @@ from clawrl.cli.options import add_engine_options, add_online_options, config_wi
 from clawrl.errors import ConfigError
 
 if TYPE_CHECKING:
-    from clawrl.store import TurnRecord
+    from clawrl.store import PolicyVersionRecord, TurnRecord
 
 API_KEY_ENV = "CLAWRL_API_KEY"
 
@@ -36,6 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         epilog="examples:\n"
         "  clawrl serve --model smollm2-135m --port 8000 --store clawrl.db\n"
         "  clawrl serve --engine vllm --method combine        # clawrl launches a vLLM server\n"
+        "  clawrl serve --method combine --external-trainer   # + clawrl judge worker, clawrl train\n"
         "  clawrl serve --vllm-url http://gpu1:8000 --vllm-url http://gpu2:8000 --method rl",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -103,6 +104,12 @@ def request_line(turns: list[TurnRecord]) -> str:
         f"{len(first.prompt_ids)}+{completion} tokens {latency:.2f} s v{first.policy_version} "
         f"{statuses} {finish}{why}"
     )
+
+
+def version_line(record: PolicyVersionRecord) -> str:
+    """One console line when the gateway starts serving a version another process published."""
+    when = time.strftime("%H:%M:%S")
+    return f"{when} serving policy v{record.version} (published at step {record.step})"
 
 
 def resolve_api_key(flag: str | None, configured: str | None) -> str | None:
@@ -196,7 +203,8 @@ def run(args: argparse.Namespace) -> int:
 
     err = Console(stderr=True)
     spec, method = cfg.model.spec, cfg.trainer.method
-    with err.status(f"loading {spec}" + (" and the judge" if method.trains else "")):
+    in_process = method.trains and not cfg.server.external_trainer
+    with err.status(f"loading {spec}" + (" and the judge" if in_process else "")):
         runtime = build_runtime(cfg, model_name=args.served_model_name, api_key=api_key)
     try:
         name = runtime.model_name
@@ -211,6 +219,15 @@ def run(args: argparse.Namespace) -> int:
                 f" judge={judge} policy version {version} (output: {cfg.trainer.output_dir})",
                 flush=True,
             )
+        if runtime.follower is not None:
+            runtime.follower.listeners.append(lambda r: print(version_line(r), flush=True))
+            if method.trains:
+                print(
+                    f"clawrl gateway: method={method.kind} trained by its own processes (clawrl "
+                    f"judge worker, clawrl train) on this store; serving each version they "
+                    f"publish (checked every {cfg.server.version_poll_s:g} s)",
+                    flush=True,
+                )
         bound = sock.getsockname()[1]
         base = f"http://{_url_host(host)}:{bound}/v1"
         auth = ' -H "Authorization: Bearer $CLAWRL_API_KEY"' if api_key else ""

@@ -165,6 +165,13 @@ class ServerConfig(_Section):
         description="A replica that does not train checks the store for a newer published "
         "policy version this often (seconds) and serves it; 0: never.",
     )
+    external_trainer: bool = Field(
+        False,
+        description="The judge and the trainer run as their own processes (clawrl judge worker, "
+        "clawrl train) on this store: with a training method, clawrl serve only serves and "
+        "records, and serves each policy version the trainer publishes (polled every "
+        "version_poll_s).",
+    )
 
 
 class TrainerConfig(_Section):

@@ -1,12 +1,15 @@
 """Serving the policy version the trainer published, on every gateway replica.
 
 Several ``clawrl serve`` processes on one store (behind any HTTP load balancer) are one gateway.
-One of them may train (``--method ...``; its engine gets each new version directly); the others
-follow: :class:`VersionFollower` polls the store's ``policy_versions`` table
-(:class:`clawrl.store.PolicyVersionRecord`) and queues a newer version's weights on this
-replica's engine, which swaps them in between requests like a local training step would. The
-store is the only channel (no RPC); the weights path must be readable here (one machine, or the
-trainer's ``--output-dir`` on a shared filesystem).
+One of them may train (``--method ...``; its engine gets each new version directly), or the
+trainer runs as its own process (``clawrl train``; every gateway runs with
+``--external-trainer`` or without a method); the others follow: :class:`VersionFollower` polls
+the store's ``policy_versions`` table (:class:`clawrl.store.PolicyVersionRecord`) and queues a
+newer version's weights on this replica's engine, which swaps them in between requests like a
+local training step would. A LoRA version is its adapter directory; a full fine-tuning version
+published by ``clawrl train`` is a directory holding ``model.safetensors``, read here into a
+state dict. The store is the only channel (no RPC); the weights path must be readable here (one
+machine, or the trainer's ``--output-dir`` on a shared filesystem).
 """
 
 from __future__ import annotations
@@ -14,12 +17,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 from clawrl.engine import Engine
 from clawrl.errors import ClawrlError
-from clawrl.store import PolicyVersionRecord, Store
+from clawrl.store import FULL_WEIGHTS_FILE, PolicyVersionRecord, Store, WeightsKind
+
+
+def read_weights(record: PolicyVersionRecord) -> Any:
+    """What ``engine.load_policy`` takes for a published version: a LoRA adapter directory as
+    is, a full version's ``model.safetensors`` as a state dict (``dict[str, Tensor]``).
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    path = Path(str(record.weights))
+    if record.weights_kind == WeightsKind.FULL:
+        from safetensors.torch import load_file
+
+        return load_file(str(path / FULL_WEIGHTS_FILE if path.is_dir() else path))
+    return path
+
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +57,9 @@ class VersionFollower:
         self.store = store
         self.engine = engine
         self.interval_s = interval_s
+        self.listeners: list[Callable[[PolicyVersionRecord], None]] = []
+        """Called with each version once this replica serves it (``clawrl serve`` prints a
+        line)."""
         self._queued = 0
         self._warned: set[int] = set()
         self._stop = asyncio.Event()
@@ -62,8 +85,11 @@ class VersionFollower:
                 )  # fmt: skip
             return None
         self._queued = record.version
-        await asyncio.wrap_future(self.engine.load_policy(record.version, Path(record.weights)))
+        weights = await asyncio.to_thread(read_weights, record)
+        await asyncio.wrap_future(self.engine.load_policy(record.version, weights))
         log.info("serving published policy version %d", record.version)
+        for listener in self.listeners:
+            listener(record)
         return record.version
 
     async def run(self) -> None:

@@ -39,9 +39,10 @@ from clawrl.store.types import (
     UntrainableReason,
     new_id,
 )
-from clawrl.store.versions import PolicyVersionRecord, WeightsKind
+from clawrl.store.versions import FULL_WEIGHTS_FILE, PolicyVersionRecord, WeightsKind
 
 __all__ = [
+    "FULL_WEIGHTS_FILE",
     "SCHEMA_VERSION",
     "ApiProtocol",
     "DropReason",

@@ -118,6 +118,11 @@ _UPSERT_JUDGMENT = (
     + ", ".join(f"{c} = excluded.{c}" for c in _J_COLS if c != "turn_id")
 )
 
+_INSERT_JUDGMENT = (
+    f"INSERT INTO judgments ({', '.join(_J_COLS)}) VALUES ({', '.join('?' for _ in _J_COLS)}) "
+    "ON CONFLICT (turn_id) DO NOTHING"
+)
+
 
 def _judgment_row(j: JudgmentRecord) -> tuple[Any, ...]:
     if j.score not in (None, -1, 0, 1):
@@ -148,15 +153,28 @@ def _row_judgment(r: Any) -> JudgmentRecord:
 class LearningQueries:
     """Mixin for :class:`clawrl.store.Store`: judgments and samples."""
 
-    def record_judgment(self: _HasConnections, judgment: JudgmentRecord) -> None:
-        """Insert or replace the judgment of a turn (durable when this returns).
+    def record_judgment(
+        self: _HasConnections, judgment: JudgmentRecord, *, replace: bool = True
+    ) -> bool:
+        """Insert the judgment of a turn (durable when this returns).
+
+        Args:
+            judgment: the verdict.
+            replace: replace a judgment the turn already has (True), or keep that one
+                (False: the first verdict wins, so judge workers racing on a turn, or one
+                redoing a turn after a crash, never change evidence a trainer may have used).
+
+        Returns:
+            Whether this judgment was stored (False: ``replace`` is False and the turn already
+            had one).
 
         Raises:
             StoreError: unknown turn, bad score.
         """
         row = _judgment_row(judgment)
         with self._write() as conn:
-            conn.execute(_UPSERT_JUDGMENT, row)
+            cur = conn.execute(_UPSERT_JUDGMENT if replace else _INSERT_JUDGMENT, row)
+            return replace or cur.rowcount > 0
 
     def get_judgment(self: _HasConnections, turn_id: str) -> JudgmentRecord | None:
         """The judgment of a turn, or None."""

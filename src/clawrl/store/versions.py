@@ -1,6 +1,6 @@
 """Published policy versions: how gateway replicas learn what the trainer published.
 
-One process trains (``clawrl serve --method ...``, later ``clawrl train``); after each step it
+One process trains (``clawrl serve --method ...``, or ``clawrl train``); after each step it
 saves the new weights (a LoRA adapter directory under its output directory) and records the
 version here. Every gateway replica polls :meth:`PolicyVersions.latest_policy_version` and loads
 a newer version into its engine (:mod:`clawrl.gateway.versions`). The store is the only channel:
@@ -24,7 +24,12 @@ class WeightsKind(StrEnum):
     """What a published version's ``weights`` path holds."""
 
     LORA = "lora"  # a PEFT adapter directory (adapter_config.json + weights)
-    FULL = "full"  # full weights kept in the trainer's process only: ``weights`` is None
+    FULL = "full"  # a directory holding FULL_WEIGHTS_FILE (clawrl train), or ``weights`` None:
+    # kept in the process of the in-process trainer (clawrl serve --method ...) only
+
+
+FULL_WEIGHTS_FILE = "model.safetensors"
+"""The file of a full fine-tuning version inside its published directory (safetensors)."""
 
 
 @dataclass
@@ -34,8 +39,9 @@ class PolicyVersionRecord:
     Attributes:
         version: the policy version (1, 2, ...; 0 is the base weights, never recorded).
         weights_kind: :class:`WeightsKind`.
-        weights: absolute path of the weights replicas load (``None``: not loadable by
-            another process).
+        weights: absolute path of the weights replicas load: a LoRA adapter directory, or a
+            directory holding :data:`FULL_WEIGHTS_FILE` (``None``: not loadable by another
+            process).
         step: the training step that produced it.
         created_at: seconds since the epoch.
     """

@@ -10,8 +10,11 @@ decides each batch and :func:`broadcast_object` hands it to the others.
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import os
+import signal
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +57,24 @@ def launched_by_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+def die_with_parent() -> None:
+    """Have the kernel kill this process when its parent (torchrun's agent) dies (Linux
+    ``PR_SET_PDEATHSIG``; a no-op elsewhere).
+
+    torchrun stops its ranks when one fails or when it is sent SIGTERM/SIGINT, but a ``kill -9``
+    of torchrun itself would leave the ranks running: rank 0 would go on training from the store
+    beside the trainer restarted after it. Exits at once when the parent is already gone.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_pdeathsig = 1
+    libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before the call
+        os._exit(1)
+
+
 def init_distributed(device: str = "cpu") -> DistEnv:
     """Join (or make) the process group; returns this rank's :class:`DistEnv`.
 
@@ -73,6 +94,7 @@ def init_distributed(device: str = "cpu") -> DistEnv:
         raise ConfigError(f"device {device!r}: this torch build sees no CUDA device")
     backend = "nccl" if kind == "cuda" else "gloo"
     if launched_by_torchrun():
+        die_with_parent()
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         local = int(os.environ.get("LOCAL_RANK", rank))
         dev = torch.device("cuda", local) if kind == "cuda" else torch.device("cpu")

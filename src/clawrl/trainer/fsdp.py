@@ -42,6 +42,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from clawrl.config import TrainerConfig
 from clawrl.errors import TrainerError
+from clawrl.store import FULL_WEIGHTS_FILE
 from clawrl.trainer.distributed import DistEnv, barrier, gather_objects
 from clawrl.trainer.trainer import (
     Trainer,
@@ -50,10 +51,6 @@ from clawrl.trainer.trainer import (
     fresh_dir,
     replace_dir,
 )
-
-FULL_WEIGHTS_FILE = "model.safetensors"
-"""A full fine-tuning version's weights inside ``policies/vN/`` (read by
-:class:`clawrl.gateway.versions.VersionFollower`)."""
 
 CHECKPOINT_FORMAT = "dcp"
 """``meta.json``'s ``format`` for checkpoints this trainer writes (the one-process trainer's
@@ -70,6 +67,9 @@ def shard_model(root: torch.nn.Module, layer_classes: set[str], mesh: Any) -> No
     for module in root.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
+            # a plain SUM: with a factor set, FSDP2 otherwise reduces float32/bfloat16 with
+            # PREMUL_SUM, which gloo does not have
+            module.set_force_sum_reduction_for_comms(True)
 
 
 class ShardedTrainer(Trainer):
@@ -167,7 +167,7 @@ class ShardedTrainer(Trainer):
         """Save the weights as ``version`` under ``policies/vN``; collective, rank 0 writes.
 
         A LoRA adapter is a PEFT directory (``adapter_config.json`` + weights); full
-        fine-tuning writes :data:`FULL_WEIGHTS_FILE` (safetensors). Either is loadable by a
+        fine-tuning writes :data:`clawrl.store.FULL_WEIGHTS_FILE` (safetensors). Either is loadable by a
         gateway in another process that sees this directory. Returns the directory."""
         weights = self.full_weights()
         target = self.output_dir / "policies" / f"v{version}"

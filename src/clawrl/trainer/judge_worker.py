@@ -124,6 +124,11 @@ class JudgeWorker:
             judgment (reason ``timeout``) and serving is unaffected.
         concurrency: judgments in flight at once.
         poll_interval_s: seconds between polls when idle.
+
+    Runs as an asyncio task beside the gateway (``clawrl serve --method ...``) or as its own
+    process (``clawrl judge worker``; several may run on one store). A judgment is stored only
+    if the turn has none yet (the first verdict wins), so a worker killed mid-judgment and
+    restarted, or two workers judging one turn at once, store one verdict per turn.
     """
 
     def __init__(
@@ -139,12 +144,32 @@ class JudgeWorker:
         self.judge = judge
         self.timeout_s = timeout_s
         self.poll_interval_s = poll_interval_s
-        self._sem = asyncio.Semaphore(concurrency)
+        self.concurrency = concurrency
+        self.on_judgment: Callable[[JudgmentRecord], None] | None = None
+        """Called with each stored judgment (``clawrl judge worker`` prints one line)."""
+        self._sem: asyncio.Semaphore | None = None
         self.judged = 0
         self.failed = 0
+        self.duplicates = 0
+        """Judgments not stored because the turn had one by then (another worker's)."""
         self.score_counts: dict[str, int] = {}
 
+    def _keep(self, rec: JudgmentRecord) -> bool:
+        """Store ``rec`` unless the turn was judged meanwhile (another worker): the first
+        verdict wins, so a trainer that read it never sees its evidence change."""
+        stored = self.store.record_judgment(rec, replace=False)
+        if not stored:
+            self.duplicates += 1
+            log.info("turn %s was judged by another worker meanwhile: kept that", rec.turn_id)
+        return stored
+
+    def _stored(self, rec: JudgmentRecord) -> None:
+        if self.on_judgment is not None:
+            self.on_judgment(rec)
+
     async def _judge_one(self, turn: TurnRecord, ns: NextState) -> None:
+        if self._sem is None:  # made in the running loop (a worker may outlive one)
+            self._sem = asyncio.Semaphore(max(1, self.concurrency))
         async with self._sem:
             inp = judge_input(turn, ns)
             t0 = time.perf_counter()
@@ -162,10 +187,12 @@ class JudgeWorker:
                     latency_s=time.perf_counter() - t0,
                     next_state_role=str(ns.role),
                 )
-            await asyncio.to_thread(self.store.record_judgment, rec)
+            if not await asyncio.to_thread(self._keep, rec):
+                return
             self.judged += 1
             key = "none" if rec.score is None else f"{rec.score:+d}"
             self.score_counts[key] = self.score_counts.get(key, 0) + 1
+            self._stored(rec)
 
     def _pending(self, session_id: str) -> list[tuple[TurnRecord, NextState | None]]:
         tree = load_tree(self.store, session_id)
@@ -193,7 +220,8 @@ class JudgeWorker:
                     rec = JudgmentRecord(
                         turn.id, sid, None, WORKER_BACKEND, reason=str(DropReason.NO_NEXT_STATE)
                     )
-                    await asyncio.to_thread(self.store.record_judgment, rec)
+                    if await asyncio.to_thread(self._keep, rec):
+                        self._stored(rec)
                     continue
                 tasks.append(self._judge_one(turn, ns))
         await asyncio.gather(*tasks)

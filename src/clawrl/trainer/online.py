@@ -39,6 +39,7 @@ from clawrl.trainer.samples import (
     published,
     record_checkpoint_samples,
     scored,
+    stale_ids,
     teacher_prompt_ids,
     trained_records,
     turn_temperature,
@@ -177,15 +178,9 @@ class OnlineLearner:
     # ---------------------------------------------------------------- stepping
 
     async def evict_stale(self) -> int:
-        """Drop ready samples that went stale while they waited (``drop/stale``): a sample is
-        checked when collected, but steps taken since may have pushed it past
-        ``max_staleness`` (e.g. samples left over when training paused). Without this the
-        learner would retry a batch the trainer refuses, forever. Returns how many went."""
-        stale = [
-            t
-            for t, s in self._ready.items()
-            if self.trainer.policy_version - s.policy_version > self.config.max_staleness
-        ]
+        """Drop ready samples that went stale while they waited (``drop/stale``,
+        :func:`clawrl.trainer.samples.stale_ids`). Returns how many went."""
+        stale = stale_ids(self._ready, self.trainer.policy_version, self.config.max_staleness)
         if stale:
             drops = [self._drop(t, DropReason.STALE) for t in stale]
             await asyncio.to_thread(self.store.record_samples, drops)

@@ -149,6 +149,14 @@ def make_sample(
     )
 
 
+def stale_ids(ready: dict[str, TrainSample], version: int, max_staleness: int) -> list[str]:
+    """Ready samples that went stale while they waited: a sample is checked when collected, but
+    steps taken since may have pushed it past ``max_staleness`` (e.g. samples left over when
+    training paused). A learner that kept them would retry a batch the trainer refuses,
+    forever."""
+    return [t for t, s in ready.items() if version - s.policy_version > max_staleness]
+
+
 def drop_record(turn_id: str, reason: DropReason, drops: dict[str, int]) -> SampleRecord:
     """The ``samples`` row of a dropped turn; counts it in ``drops`` (``drop/<reason>``)."""
     key = f"drop/{reason}"

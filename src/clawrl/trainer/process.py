@@ -1,0 +1,320 @@
+"""``clawrl train``: the trainer as its own process (or N torchrun ranks), coordinating with the
+gateway and the judge worker only through the store.
+
+Rank 0 reads the store: every judged turn without a ``samples`` row is decided by the rules of
+:mod:`clawrl.trainer.samples` (drops are written at once); when ``batch_size`` samples are
+ready it broadcasts a :class:`StepOrder` (the samples and, for hinted turns, the hint-enhanced
+prompt ids) and every rank takes the step together:
+
+1. the OPD teacher's log-probs of each hinted turn, computed here with the trainer's own
+   weights (:meth:`clawrl.trainer.Trainer.teacher_logprobs`: the current policy, or the base
+   weights with ``teacher = "base"``, at the turn's sampling temperature) — the in-process learner
+   asks its serving engine instead;
+2. :meth:`~clawrl.trainer.Trainer.train_step` (FSDP2 over the ranks: :mod:`clawrl.trainer.fsdp`);
+3. the weights saved as policy version v+1 under ``OUTPUT_DIR/policies/vN`` (rank 0 writes);
+4. a checkpoint whose meta holds the step's turn ids;
+5. rank 0 writes the ``samples`` rows, then records v+1 in the store's ``policy_versions``
+   table, from which every gateway loads it (:class:`clawrl.gateway.versions.VersionFollower`).
+
+So a ``kill -9`` of any rank at any point loses nothing and trains nothing twice: a step whose
+checkpoint was not committed is redone from the same turns (their rows were not written); a
+committed one is kept, and :meth:`TrainerProcess.resume` writes the rows and publishes the
+version a crash left out. Rank 0 sends the other ranks an order every poll interval (``None``:
+nothing to do yet), so they never wait long in a collective; a ``stop`` order ends every rank.
+Rank 0 prints one line per step and one per published version.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from clawrl.config import SampleNeeds, TrainerConfig
+from clawrl.errors import ClawrlError, ConfigError
+from clawrl.store import DropReason, SampleRecord, Store, WeightsKind
+from clawrl.trainer.distributed import DistEnv, broadcast_object
+from clawrl.trainer.fsdp import ShardedTrainer
+from clawrl.trainer.metrics import MetricsWriter
+from clawrl.trainer.samples import (
+    decide,
+    drop_record,
+    make_sample,
+    published,
+    record_checkpoint_samples,
+    scored,
+    stale_ids,
+    teacher_prompt_ids,
+    trained_records,
+)
+from clawrl.trainer.types import TrainSample
+
+log = logging.getLogger(__name__)
+
+STOP = "stop"
+"""The order that ends every rank."""
+
+
+@dataclass
+class StepOrder:
+    """One training step, decided by rank 0 and broadcast to every rank.
+
+    Attributes:
+        turn_ids: the step's turns, in batch order.
+        samples: their :class:`TrainSample` (teacher log-probs not yet computed).
+        teacher_prompts: per sample, the hint-enhanced prompt ids whose teacher log-probs the
+            ranks compute (``None``: no hint, or a method without OPD).
+    """
+
+    turn_ids: list[str]
+    samples: list[TrainSample]
+    teacher_prompts: list[list[int] | None]
+
+
+def step_line(m: dict[str, float], ranks: int, dropped: int) -> str:
+    """One console line per training step."""
+    return (
+        f"{time.strftime('%H:%M:%S')} step {int(m['step'])}: {int(m['samples/trained'])} samples "
+        f"{int(m.get('tokens/count', 0))} tokens | loss {m.get('loss', 0.0):+.4f} | "
+        f"reward {m.get('reward/mean', 0.0):+.2f} | hint rate {m.get('hint/rate', 0.0):.2f} | "
+        f"grad norm {m.get('grad/norm', 0.0):.3f} | {m.get('time/step_total', 0.0):.2f} s "
+        f"on {ranks} rank{'s' if ranks > 1 else ''} | dropped {dropped}"
+    )
+
+
+class TrainerProcess:
+    """The loop of ``clawrl train`` on one rank (module docstring).
+
+    Args:
+        trainer: this rank's part of the sharded trainer (built the same on every rank).
+        env: this rank's place in the process group.
+        config: the training settings (method, batch size, staleness, poll interval).
+        store: the trajectory store (rank 0 only; ``None`` on the others).
+        tokenizer: the policy's tokenizer (renders the hint-enhanced teacher prompts; rank 0).
+        max_context: the policy's context window: a hinted prompt plus the turn's completion
+            longer than this cannot be scored (``drop/teacher_failed``, unless the turn's reward
+            alone trains it).
+        metrics: where step metrics go (rank 0).
+        out: where the console lines go (rank 0).
+
+    :meth:`close` closes the store and the metrics writer it was given.
+
+    Raises:
+        ConfigError: ``checkpoint_every`` is not 1 (a step's turn ids must be in a checkpoint
+            before their ``samples`` rows are written), or rank 0 has no store.
+    """
+
+    def __init__(
+        self,
+        trainer: ShardedTrainer,
+        env: DistEnv,
+        config: TrainerConfig,
+        *,
+        store: Store | None = None,
+        tokenizer: Any = None,
+        max_context: int = 2048,
+        metrics: MetricsWriter | None = None,
+        out: Callable[[str], None] = print,
+    ) -> None:
+        if config.checkpoint_every != 1:
+            raise ConfigError(
+                "clawrl train checkpoints every step (trainer.checkpoint_every = 1): a step's "
+                "turn ids are in its checkpoint before their samples rows are written, which "
+                "is what makes a crash lose nothing and train nothing twice"
+            )
+        if env.is_main and (store is None or tokenizer is None):
+            raise ConfigError("rank 0 of clawrl train needs the store and the tokenizer")
+        self.trainer = trainer
+        self.env = env
+        self.config = config
+        self.needs: SampleNeeds = trainer.method.needs
+        self.store = store
+        self.tokenizer = tokenizer
+        self.max_context = max_context
+        self.metrics = metrics
+        self.out = out
+        self.drops: dict[str, int] = {}
+        self.stop_requested = False
+        """Set by a signal handler; rank 0 then sends every rank the ``stop`` order."""
+        self.step_limit: int | None = None
+        """When set, rank 0 stops every rank after this step (tests, benchmarks)."""
+        self._ready: dict[str, tuple[TrainSample, list[int] | None]] = {}
+
+    # ---------------------------------------------------------------- resume
+
+    def resume(self) -> int:
+        """Restore the latest checkpoint on every rank; rank 0 re-records the ``samples`` rows
+        of its step and publishes its version when a crash left either out. Collective.
+
+        Returns:
+            The policy version the trainer's weights are (0 without a checkpoint).
+
+        Raises:
+            ConfigError: no checkpoint here but the store has versions another trainer
+                published (they would collide with this trainer's).
+            TrainerError: a checkpoint that does not fit (see ``load_checkpoint``).
+        """
+        meta = self.trainer.load_checkpoint()
+        version = self.trainer.policy_version
+        problem, publish = None, False
+        if self.env.is_main:
+            assert self.store is not None
+            latest = self.store.latest_policy_version()
+            stored = latest.version if latest is not None else 0
+            if meta is None and stored > 0:
+                problem = (
+                    f"the store has policy versions up to v{stored}, published by another "
+                    f"trainer, and {self.trainer.output_dir} has no checkpoint: resume with "
+                    "that trainer's --output-dir (or use a new store)"
+                )
+            elif meta is not None:
+                record_checkpoint_samples(self.store, meta)
+                publish = stored < version
+        problem, publish = broadcast_object((problem, publish), self.env)
+        if problem is not None:
+            raise ConfigError(problem)
+        if publish:
+            self._publish(version, self.trainer.save_weights(version))
+        return version
+
+    # ---------------------------------------------------------------- rank 0: deciding
+
+    def collect(self) -> int:
+        """Rank 0: decide every judged, undecided turn; returns how many samples are ready."""
+        assert self.store is not None
+        drops: list[SampleRecord] = []
+        for turn_id in self.store.judged_untrained_turns(1000):
+            if turn_id in self._ready:
+                continue
+            turn, j = self.store.get_turn(turn_id), self.store.get_judgment(turn_id)
+            if turn is None or j is None:
+                continue
+            lag = self.trainer.policy_version - turn.policy_version
+            reason = decide(turn, j, self.needs, lag=lag, max_staleness=self.config.max_staleness)
+            if reason is not None:
+                drops.append(drop_record(turn_id, reason, self.drops))
+                continue
+            prompt = None
+            if j.hint and self.needs.uses_hint:
+                hinted = teacher_prompt_ids(self.tokenizer, turn, j.hint, self.needs.hint_placement)
+                if len(hinted) + len(turn.completion_ids) <= self.max_context:
+                    prompt = hinted
+                elif not (self.needs.uses_reward and scored(j, self.needs)):
+                    drops.append(drop_record(turn_id, DropReason.TEACHER_FAILED, self.drops))
+                    continue
+                else:
+                    log.warning("hinted prompt of %s is too long to score: reward only", turn_id)
+            self._ready[turn_id] = (make_sample(turn, j, self.needs, None), prompt)
+        stale = stale_ids(
+            {t: s for t, (s, _) in self._ready.items()},
+            self.trainer.policy_version,
+            self.config.max_staleness,
+        )
+        for t in stale:
+            drops.append(drop_record(t, DropReason.STALE, self.drops))
+            del self._ready[t]
+        if drops:
+            self.store.record_samples(drops)
+        return len(self._ready)
+
+    def next_order(self) -> StepOrder | str | None:
+        """Rank 0: ``stop``, the next step's order, or ``None`` (not enough samples yet)."""
+        if self.stop_requested or (
+            self.step_limit is not None and self.trainer.step >= self.step_limit
+        ):
+            return STOP
+        try:
+            ready = self.collect()
+        except ClawrlError as e:  # the store is away: say so, keep polling
+            log.error("reading the store: %s", e)
+            return None
+        if ready < self.config.batch_size:
+            return None
+        turn_ids = list(self._ready)[: self.config.batch_size]
+        picked = [self._ready[t] for t in turn_ids]
+        return StepOrder(turn_ids, [s for s, _ in picked], [p for _, p in picked])
+
+    # ---------------------------------------------------------------- every rank
+
+    def run(self) -> int:
+        """Take steps as rank 0 orders them until the ``stop`` order; returns steps taken."""
+        taken = 0
+        while True:
+            order = self.next_order() if self.env.is_main else None
+            order = broadcast_object(order, self.env)
+            if order == STOP:
+                return taken
+            if isinstance(order, StepOrder):
+                self.step(order)
+                taken += 1
+            elif self.env.is_main:
+                time.sleep(self.config.poll_interval_s)
+
+    def step(self, order: StepOrder) -> dict[str, float]:
+        """One step on every rank (module docstring); returns its metrics. Collective."""
+        t0 = time.perf_counter()
+        samples = list(order.samples)
+        hinted = [i for i, p in enumerate(order.teacher_prompts) if p is not None]
+        if hinted:
+            requests = [
+                TrainSample(order.teacher_prompts[i] or [], samples[i].completion_ids,
+                            [0.0] * len(samples[i].completion_ids),
+                            temperature=samples[i].temperature)
+                for i in hinted
+            ]  # fmt: skip
+            teacher = self.trainer.teacher_logprobs(requests, base=self.needs.teacher == "base")
+            for i, lp in zip(hinted, teacher, strict=True):
+                samples[i] = dataclasses.replace(samples[i], teacher_logprobs=lp)
+        metrics = self.trainer.train_step(samples)
+        version = self.trainer.policy_version + 1
+        weights = self.trainer.save_weights(version)
+        self.trainer.policy_version = version
+        self.trainer.save_checkpoint({"turn_ids": order.turn_ids})
+        metrics = {**metrics, "policy/version": float(version),
+                   **{k: float(v) for k, v in self.drops.items()}}  # fmt: skip
+        if self.env.is_main:
+            assert self.store is not None
+            self.store.record_samples(trained_records(order.turn_ids, self.trainer.step, version))
+            for t in order.turn_ids:
+                del self._ready[t]
+            metrics["time/step_total"] = time.perf_counter() - t0
+            if self.metrics is not None:
+                self.metrics.write(self.trainer.step, metrics)
+            self.out(step_line(metrics, self.env.world_size, sum(self.drops.values())))
+            self._publish(version, weights)
+        return metrics
+
+    def _publish(self, version: int, weights: Any) -> None:
+        """Rank 0: record ``version`` in the store (gateways load it from there)."""
+        if not self.env.is_main:
+            return
+        assert self.store is not None
+        record = published(version, weights, self.trainer.step, full=self.config.full_finetune)
+        self.store.publish_policy_version(record)
+        kind = "full weights" if record.weights_kind == WeightsKind.FULL else "LoRA adapter"
+        self.out(f"{time.strftime('%H:%M:%S')} published policy v{version} "
+                 f"({kind} {record.weights}, step {self.trainer.step})")  # fmt: skip
+
+    def close(self) -> None:
+        """Close the metrics writer and the store this process was given (rank 0)."""
+        if self.metrics is not None:
+            self.metrics.close()
+        if self.store is not None:
+            self.store.close()
+
+    def start_line(self) -> str:
+        """This rank's first console line."""
+        line = (
+            f"clawrl train: rank {self.env.rank}/{self.env.world_size} pid {os.getpid()} on "
+            f"{self.env.device} ({self.env.backend})"
+        )
+        if not self.env.is_main:
+            return line
+        return (
+            f"{line}, method {self.trainer.method.kind}, batch {self.config.batch_size}, "
+            f"policy v{self.trainer.policy_version} (output: {self.trainer.output_dir})"
+        )
