@@ -303,7 +303,7 @@ def build_runtime(
                 store, engine, policy, judge.judge, config.trainer,
                 judge_timeout_s=config.judge.timeout_s,
             )  # fmt: skip
-        elif method.trains:
+        elif method.trains and not online:  # harness mode: the caller steps this trainer
             from clawrl.trainer import Trainer
 
             trainer = Trainer(policy.model, config.trainer, policy_version=engine.policy_version)

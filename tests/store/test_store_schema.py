@@ -33,7 +33,7 @@ EXTRA = """CREATE TABLE extra_verdicts (
 
 NEXT = SCHEMA_VERSION + 1
 TABLES = {"schema_migrations", "sessions", "turns", "feedback", "judgments", "samples",
-          "policy_versions"}  # fmt: skip
+          "policy_versions", "leases"}  # fmt: skip
 
 
 def _build_by_migrations(db: Database, migrations: tuple[Migration, ...]) -> None:

@@ -98,3 +98,28 @@ def test_the_first_stored_verdict_wins_when_two_workers_judge_a_turn(tmp_path, t
         assert not stored and store.get_judgment(t1).backend == "A"
         assert store.record_judgment(JudgmentRecord(t1, j.session_id, 1, "C"))  # replace
         assert store.get_judgment(t1).backend == "C"
+
+
+def test_a_turn_another_worker_claimed_is_skipped_unless_that_worker_died_here(tmp_path, tokenizer):
+    import socket
+    import subprocess
+    import sys
+
+    from clawrl.store.leases import judge_claim
+
+    async def judge(inp):
+        return Judgment(score=Score.GOOD, backend=BackendKind.GENERATIVE, model="stub")
+
+    with Store(tmp_path / "s.db") as store:
+        _, t1, _ = _session(store, tokenizer)
+        store.acquire_lease(judge_claim(t1), "other-host:1:live", 60)
+        worker = JudgeWorker(store, judge)
+        asyncio.run(worker.poll_once())
+        assert store.get_judgment(t1) is None and worker.claimed_elsewhere == 1
+        gone = subprocess.Popen([sys.executable, "-c", "pass"])
+        gone.wait()
+        dead = f"{socket.gethostname()}:{gone.pid}:killed"
+        store.acquire_lease(judge_claim(t1), dead, 60, force=True)
+        asyncio.run(worker.poll_once())
+        assert store.get_judgment(t1).score == 1  # taken over at once, judged
+        assert store.get_lease(judge_claim(t1)) is None  # and released

@@ -8,19 +8,26 @@ The multi-process runs, with real ``kill -9``, are in ``test_processes_kill9.py`
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from clawrl.chat import ChatMessage, render_prompt
 from clawrl.config import TrainerConfig
-from clawrl.errors import ConfigError
+from clawrl.errors import ConfigError, TrainerError
 from clawrl.models import tiny_policy
 from clawrl.store import JudgmentRecord, PolicyVersionRecord, Store, TurnRecord, WeightsKind
+from clawrl.store.leases import TRAINER_LEASE
 from clawrl.trainer.distributed import init_distributed, shutdown_distributed
 from clawrl.trainer.fsdp import ShardedTrainer
 from clawrl.trainer.metrics import MetricsWriter, read_metrics
-from clawrl.trainer.process import TrainerProcess, step_line
+from clawrl.trainer.process import TrainerLease, TrainerProcess, holder_is_dead_here, step_line
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Seems like `optimizer.step\\(\\)` has been overridden"
@@ -59,14 +66,25 @@ def _record(store: Store, tok, n: int, *, score, hint=None, version: int = 0) ->
     return ids
 
 
-def _process(env, store, out: Path, lines: list[str], method="combine", batch=2):
+def _process(env, store, out: Path, lines: list[str], method="combine", batch=2, full=False):
     policy = tiny_policy(seed=4, max_context=512)
-    config = TrainerConfig(method=method, lr=1e-3, batch_size=batch, output_dir=str(out))
+    config = TrainerConfig(method=method, lr=1e-3, batch_size=batch, output_dir=str(out),
+                           full_finetune=full)  # fmt: skip
     trainer = ShardedTrainer(policy.model, config, env, computes_teacher=True)
     return TrainerProcess(
         trainer, env, config, store=store, tokenizer=policy.tokenizer, max_context=512,
         metrics=MetricsWriter(out, tensorboard=False), out=lines.append,
     )  # fmt: skip
+
+
+def _killed(proc: TrainerProcess) -> None:
+    """What a kill leaves of the lease, for a restart in this same process: the renewal stops
+    and the lease lapses (a restart in another process on this host takes it over at once:
+    tests/trainer/test_processes.py)."""
+    assert proc.lease is not None
+    proc.lease._stop.set()
+    proc.store.acquire_lease(TRAINER_LEASE, proc.lease.holder, 1e-6)  # type: ignore[union-attr]
+    time.sleep(0.01)
 
 
 def test_steps_publish_versions_and_write_each_turn_once(env, store, tmp_path):
@@ -127,6 +145,7 @@ def test_a_crash_after_the_checkpoint_resumes_rows_and_publish(env, store, tmp_p
     store.record_samples = real  # type: ignore[method-assign]
     assert all(store.get_sample(t) is None for t in ids)
     assert store.latest_policy_version() is None
+    _killed(proc)
 
     shutdown_distributed()  # the restart: a new process group, a fresh model
     env2 = init_distributed("cpu")
@@ -154,6 +173,7 @@ def test_a_crash_before_the_checkpoint_redoes_the_step_from_the_same_turns(env, 
     with pytest.raises(RuntimeError):
         proc.step(order)
     assert all(store.get_sample(t) is None for t in ids)
+    _killed(proc)
 
     shutdown_distributed()
     env2 = init_distributed("cpu")
@@ -179,3 +199,55 @@ def test_the_step_line_says_what_a_step_did():
          "hint/rate": 0.25, "grad/norm": 1.5, "time/step_total": 2.0}, 2, 1,
     )  # fmt: skip
     assert "step 3: 4 samples 120 tokens" in line and "2.00 s on 2 ranks" in line
+
+
+def test_a_full_fine_tuning_version_is_a_safetensors_file_a_gateway_reads(env, store, tmp_path):
+    from clawrl.gateway.versions import read_weights
+
+    tok = tiny_policy(seed=4).tokenizer
+    _record(store, tok, 2, score=1)
+    proc = _process(env, store, tmp_path / "out", [], method="rl", full=True)
+    proc.resume()
+    order = proc.next_order()
+    assert order is not None and not isinstance(order, str)
+    proc.step(order)
+    latest = store.latest_policy_version()
+    assert latest is not None and latest.weights_kind == WeightsKind.FULL
+    weights = read_weights(latest)
+    trained = proc.trainer.full_weights()
+    base = tiny_policy(seed=4).model.state_dict()
+    assert set(weights) == set(base)
+    moved = [k for k in base if not torch.equal(weights[k], base[k])]
+    assert moved and all(torch.equal(weights[k], trained[k]) for k in trained)
+
+
+def test_a_second_trainer_waits_for_the_lease_and_a_trainer_that_lost_it_stops(store):
+    first = TrainerLease(store, ttl_s=30)
+    first.take()
+    lines: list[str] = []
+    second = TrainerLease(store, ttl_s=30, out=lines.append, poll_s=0.05)
+    waiter = threading.Thread(target=second.take)
+    waiter.start()
+    time.sleep(0.5)
+    assert waiter.is_alive() and len(lines) == 1 and first.holder in lines[0]
+    first.check()  # still first's
+    first.release()
+    waiter.join(10)
+    assert not waiter.is_alive()
+    assert store.get_lease(TRAINER_LEASE).holder == second.holder  # type: ignore[union-attr]
+    store.acquire_lease(TRAINER_LEASE, "elsewhere:1:x", 30, force=True)  # an operator forced it
+    with pytest.raises(TrainerError, match="lost the store's trainer lease to elsewhere"):
+        second.check()
+    second.release()
+    assert store.get_lease(TRAINER_LEASE).holder == "elsewhere:1:x"  # type: ignore[union-attr]
+
+
+def test_a_lease_of_a_dead_process_on_this_host_is_seen_dead():
+    import socket
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    host = socket.gethostname()
+    assert holder_is_dead_here(f"{host}:{gone.pid}:abc")
+    assert not holder_is_dead_here(f"{host}:{os.getppid()}:abc")  # alive
+    assert not holder_is_dead_here(f"other-host:{gone.pid}:abc")  # cannot tell: wait it out

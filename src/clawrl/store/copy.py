@@ -21,7 +21,8 @@ from clawrl.store.db import Conn
 from clawrl.store.schema import SCHEMA_VERSION, table_columns
 
 TABLES = ("sessions", "turns", "feedback", "judgments", "samples", "policy_versions")
-"""Every table of the store, in an order that keeps references valid."""
+"""Every table of the store with data, in an order that keeps references valid (``leases``
+are not copied: they belong to the processes running on the source)."""
 
 
 @dataclass(frozen=True)

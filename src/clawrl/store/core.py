@@ -34,6 +34,7 @@ from clawrl.store.chains import FullTurn, PromptChains, digest
 from clawrl.store.codec import encode_ids, ids_digest, prefix_digests
 from clawrl.store.db import Conn, Database, is_url, open_database
 from clawrl.store.learning import LearningQueries
+from clawrl.store.leases import Leases
 from clawrl.store.migrations import applied_version, migrate
 from clawrl.store.rows import (
     TURN_FIELDS,
@@ -66,7 +67,7 @@ _IMMUTABLE_TURN_FIELDS = frozenset({"id", "session_id", "created_at", "prompt_id
 _SQL_CHUNK = 500  # bound on host parameters per IN (...) list
 
 
-class Store(LearningQueries, PolicyVersions):
+class Store(LearningQueries, PolicyVersions, Leases):
     """A durable, thread-safe store of sessions, turns and feedback, in SQLite or PostgreSQL.
 
     Use as a context manager (``with Store(target) as store: ...``) or call :meth:`close`.

@@ -166,6 +166,17 @@ MIGRATIONS: tuple[Migration, ...] = (
         "prompts stored as deltas of their prefix turn; published policy versions (replicas)",
         _V4,
     ),
+    Migration(
+        5,
+        "leases: the one trainer of a store, judge workers' claims on turns",
+        (
+            """CREATE TABLE leases (
+    name TEXT PRIMARY KEY,
+    holder TEXT NOT NULL,
+    expires_at REAL NOT NULL
+)""",
+        ),
+    ),
 )
 """Every schema step in order; ``MIGRATIONS[-1].version == SCHEMA_VERSION``."""
 

@@ -48,7 +48,7 @@ class _Executes(Protocol):
     def execute(self, sql: str, params: Any = ...) -> Any: ...
 
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """Version of :data:`SCHEMA`; equals the last migration's version."""
 
 MIGRATIONS_TABLE = """
@@ -159,6 +159,11 @@ CREATE TABLE feedback (
     weights_kind TEXT NOT NULL,
     step INTEGER,
     created_at REAL NOT NULL
+)""",
+    """CREATE TABLE leases (
+    name TEXT PRIMARY KEY,
+    holder TEXT NOT NULL,
+    expires_at REAL NOT NULL
 )""",
 )
 """The current schema, statement by statement (executed in order on a fresh file)."""

@@ -11,7 +11,9 @@ adapter shards) and full fine-tuning alike. One step over a batch of B samples:
   loss is already divided by the *whole* batch's normalisers, so the gradient of the step is the
   **sum** over ranks: the reduce-scatter's divide factor is set to 1 (FSDP2 averages by
   default). Every rank makes the same number of passes (FSDP2's all-gathers are collective); a
-  rank with fewer rows makes a pass whose loss is multiplied by 0;
+  rank with fewer rows makes a pass whose loss is multiplied by 0; gradients of the
+  micro-batches accumulate unsharded on each rank and are reduce-scattered once, at the last
+  backward (``set_requires_gradient_sync``);
 * the global gradient norm is taken over every rank's shards (``DTensor.full_tensor``), then
   clipping and AdamW act on each rank's shard.
 
@@ -133,6 +135,16 @@ class ShardedTrainer(Trainer):
     def _passes(self, n: int, micro_batch: int) -> int:
         w = self.env.world_size
         return max(-(-((r + 1) * n // w - r * n // w) // micro_batch) for r in range(w))
+
+    def _before_backward(self, index: int, passes: int) -> None:
+        # gradient accumulation: micro-batches add up unsharded gradients locally; only the
+        # last backward reduce-scatters them over the ranks and reshards the parameters (one
+        # reduce-scatter and one all-gather fewer per extra micro-batch)
+        last = index == passes - 1
+        root = self.policy_logprobs
+        if isinstance(root, FSDPModule):
+            root.set_requires_gradient_sync(last)
+            root.set_reshard_after_backward(last)
 
     def _gather(self, parts: list[Any]) -> list[Any]:
         return [p for rank_parts in gather_objects(parts, self.env) for p in rank_parts]

@@ -37,12 +37,16 @@ from clawrl.judge.types import (
 )
 from clawrl.store import DropReason, JudgmentRecord, Store, TurnKind, TurnRecord, TurnStatus
 from clawrl.store.learning import WORKER_BACKEND
+from clawrl.store.leases import holder_is_dead_here, judge_claim, lease_holder
 from clawrl.trajectory import load_tree, next_state
 from clawrl.trajectory.next_state import NextState, NextStateRole
 
 log = logging.getLogger(__name__)
 
 JudgeFn = Callable[[JudgeInput], Awaitable[Judgment]]
+
+PURGE_EVERY_S = 600.0
+"""How often a worker deletes claims that expired long ago (workers killed mid-judgment)."""
 
 _ROLE = {
     NextStateRole.USER: JudgeRole.USER,
@@ -126,9 +130,11 @@ class JudgeWorker:
         poll_interval_s: seconds between polls when idle.
 
     Runs as an asyncio task beside the gateway (``clawrl serve --method ...``) or as its own
-    process (``clawrl judge worker``; several may run on one store). A judgment is stored only
-    if the turn has none yet (the first verdict wins), so a worker killed mid-judgment and
-    restarted, or two workers judging one turn at once, store one verdict per turn.
+    process (``clawrl judge worker``; several may run on one store). A worker claims a turn in
+    the store while it judges it (a lease of ``timeout_s`` + 60 s: another worker skips it),
+    and a judgment is stored only if the turn has none yet (the first verdict wins), so a
+    worker killed mid-judgment and restarted, or two workers on one store, store one verdict
+    per turn and rarely judge one twice.
     """
 
     def __init__(
@@ -152,6 +158,10 @@ class JudgeWorker:
         self.failed = 0
         self.duplicates = 0
         """Judgments not stored because the turn had one by then (another worker's)."""
+        self.claimed_elsewhere = 0
+        """Turns skipped because another worker's claim on them was live."""
+        self.holder = lease_holder()
+        """This worker's name in its claims (host:pid:nonce)."""
         self.score_counts: dict[str, int] = {}
 
     def _keep(self, rec: JudgmentRecord) -> bool:
@@ -167,32 +177,56 @@ class JudgeWorker:
         if self.on_judgment is not None:
             self.on_judgment(rec)
 
+    def _claim(self, turn_id: str) -> bool:
+        """Claim the turn in the store while judging it (:func:`clawrl.store.leases.
+        judge_claim`); False when another worker's claim on it is live, or it got judged."""
+        name, ttl = judge_claim(turn_id), self.timeout_s + 60
+        other = self.store.acquire_lease(name, self.holder, ttl)
+        if other is not None and holder_is_dead_here(other.holder):  # a worker killed here
+            other = self.store.acquire_lease(name, self.holder, ttl, force=True)
+        if other is not None:
+            self.claimed_elsewhere += 1
+            return False
+        if self.store.get_judgment(turn_id) is not None:  # judged since it was listed
+            self.store.release_lease(judge_claim(turn_id), self.holder)
+            return False
+        return True
+
     async def _judge_one(self, turn: TurnRecord, ns: NextState) -> None:
         if self._sem is None:  # made in the running loop (a worker may outlive one)
             self._sem = asyncio.Semaphore(max(1, self.concurrency))
         async with self._sem:
-            inp = judge_input(turn, ns)
-            t0 = time.perf_counter()
-            try:
-                judgment = await asyncio.wait_for(self.judge(inp), self.timeout_s)
-                rec = judgment_record(turn, judgment, str(ns.role))
-            except TimeoutError:
-                self.failed += 1
-                rec = JudgmentRecord(
-                    turn.id,
-                    turn.session_id,
-                    None,
-                    WORKER_BACKEND,
-                    reason="timeout",
-                    latency_s=time.perf_counter() - t0,
-                    next_state_role=str(ns.role),
-                )
-            if not await asyncio.to_thread(self._keep, rec):
+            if not await asyncio.to_thread(self._claim, turn.id):
                 return
-            self.judged += 1
-            key = "none" if rec.score is None else f"{rec.score:+d}"
-            self.score_counts[key] = self.score_counts.get(key, 0) + 1
-            self._stored(rec)
+            try:
+                await self._judge_claimed(turn, ns)
+            finally:
+                await asyncio.to_thread(self.store.release_lease, judge_claim(turn.id), self.holder)
+
+    async def _judge_claimed(self, turn: TurnRecord, ns: NextState) -> None:
+        """Judge a turn this worker claimed and store the verdict."""
+        inp = judge_input(turn, ns)
+        t0 = time.perf_counter()
+        try:
+            judgment = await asyncio.wait_for(self.judge(inp), self.timeout_s)
+            rec = judgment_record(turn, judgment, str(ns.role))
+        except TimeoutError:
+            self.failed += 1
+            rec = JudgmentRecord(
+                turn.id,
+                turn.session_id,
+                None,
+                WORKER_BACKEND,
+                reason="timeout",
+                latency_s=time.perf_counter() - t0,
+                next_state_role=str(ns.role),
+            )
+        if not await asyncio.to_thread(self._keep, rec):
+            return
+        self.judged += 1
+        key = "none" if rec.score is None else f"{rec.score:+d}"
+        self.score_counts[key] = self.score_counts.get(key, 0) + 1
+        self._stored(rec)
 
     def _pending(self, session_id: str) -> list[tuple[TurnRecord, NextState | None]]:
         tree = load_tree(self.store, session_id)
@@ -229,7 +263,11 @@ class JudgeWorker:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Poll until ``stop`` is set."""
+        purged_at = 0.0
         while not stop.is_set():
+            if time.monotonic() - purged_at > PURGE_EVERY_S:  # claims of killed workers
+                await asyncio.to_thread(self.store.purge_leases)
+                purged_at = time.monotonic()
             n = await self.poll_once()
             if n == 0:
                 try:

@@ -16,6 +16,11 @@ prompt ids) and every rank takes the step together:
 5. rank 0 writes the ``samples`` rows, then records v+1 in the store's ``policy_versions``
    table, from which every gateway loads it (:class:`clawrl.gateway.versions.VersionFollower`).
 
+Rank 0 first takes the store's trainer lease (:mod:`clawrl.store.leases`) and renews it while
+it runs, checking it before each write, so a second trainer on the same store waits instead of
+training beside it (a lease whose holder was killed on this host is taken over at once; one on
+another host lapses after :data:`LEASE_TTL_S`).
+
 So a ``kill -9`` of any rank at any point loses nothing and trains nothing twice: a step whose
 checkpoint was not committed is redone from the same turns (their rows were not written); a
 committed one is kept, and :meth:`TrainerProcess.resume` writes the rows and publishes the
@@ -26,17 +31,20 @@ Rank 0 prints one line per step and one per published version.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from clawrl.config import SampleNeeds, TrainerConfig
-from clawrl.errors import ClawrlError, ConfigError
+from clawrl.errors import ClawrlError, ConfigError, TrainerError
 from clawrl.store import DropReason, SampleRecord, Store, WeightsKind
+from clawrl.store.leases import TRAINER_LEASE, Lease, holder_is_dead_here, lease_holder
 from clawrl.trainer.distributed import DistEnv, broadcast_object
 from clawrl.trainer.fsdp import ShardedTrainer
 from clawrl.trainer.metrics import MetricsWriter
@@ -57,6 +65,104 @@ log = logging.getLogger(__name__)
 
 STOP = "stop"
 """The order that ends every rank."""
+
+
+LEASE_TTL_S = 60.0
+"""Seconds the trainer lease lasts unless renewed (renewed every quarter of it)."""
+
+
+class TrainerLease:
+    """Rank 0's hold on the store's trainer lease (module docstring).
+
+    Args:
+        store: the trajectory store.
+        ttl_s: how long the lease lasts unless renewed.
+        out: where the one "waiting for the lease" line goes.
+        poll_s: seconds between tries while another trainer holds it.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        ttl_s: float = LEASE_TTL_S,
+        out: Callable[[str], None] = print,
+        poll_s: float = 1.0,
+    ) -> None:
+        self.store = store
+        self.ttl_s = ttl_s
+        self.out = out
+        self.poll_s = poll_s
+        self.holder = lease_holder()
+        """This trainer's name in the lease (host:pid:nonce)."""
+        self.lost: Lease | None = None
+        """Set by the renewing thread when another holder has the lease."""
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def take(self, should_stop: Callable[[], bool] = lambda: False) -> None:
+        """Block until the lease is this trainer's, then renew it in a thread.
+
+        Args:
+            should_stop: polled while waiting; True gives up (a signal asked to stop).
+
+        Raises:
+            StoreError: the store cannot be reached.
+            TrainerError: ``should_stop`` said to stop before the lease was had.
+        """
+        said = False
+        while True:
+            if should_stop():
+                raise TrainerError("stopped while waiting for the store's trainer lease")
+            other = self.store.acquire_lease(TRAINER_LEASE, self.holder, self.ttl_s)
+            if other is None:
+                break
+            if holder_is_dead_here(other.holder):
+                log.warning("taking over the trainer lease of %s (dead)", other.holder)
+                self.store.acquire_lease(TRAINER_LEASE, self.holder, self.ttl_s, force=True)
+                continue
+            if not said:
+                until = time.strftime("%H:%M:%S", time.localtime(other.expires_at))
+                self.out(f"clawrl train: another trainer ({other.holder}) holds this store's "
+                         f"trainer lease (until {until} unless renewed): waiting")  # fmt: skip
+                said = True
+            time.sleep(self.poll_s)
+        self._thread = threading.Thread(target=self._renew, name="trainer-lease", daemon=True)
+        self._thread.start()
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self.ttl_s / 4):
+            try:
+                other = self.store.acquire_lease(TRAINER_LEASE, self.holder, self.ttl_s)
+            except ClawrlError as e:  # the store is away: try again, check() decides at writes
+                log.warning("renewing the trainer lease: %s", e)
+                continue
+            if other is not None:
+                self.lost = other
+                return
+
+    def check(self) -> None:
+        """Renew the lease now; call before each write to the store (fencing).
+
+        Raises:
+            TrainerError: another trainer has the lease (this one must stop).
+        """
+        other = self.lost or self.store.acquire_lease(TRAINER_LEASE, self.holder, self.ttl_s)
+        if other is not None:
+            self.lost = other
+            raise TrainerError(
+                f"this trainer lost the store's trainer lease to {other.holder}: another "
+                "trainer runs on this store; stopping without writing"
+            )
+
+    def release(self) -> None:
+        """Stop renewing and give the lease up (the next trainer starts at once)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+        if self.lost is None:
+            with contextlib.suppress(ClawrlError):
+                self.store.release_lease(TRAINER_LEASE, self.holder)
 
 
 @dataclass
@@ -143,6 +249,8 @@ class TrainerProcess:
         self.step_limit: int | None = None
         """When set, rank 0 stops every rank after this step (tests, benchmarks)."""
         self._ready: dict[str, tuple[TrainSample, list[int] | None]] = {}
+        self.lease = TrainerLease(store, out=out) if env.is_main and store is not None else None
+        """Rank 0's hold on the store's trainer lease (taken by :meth:`resume`)."""
 
     # ---------------------------------------------------------------- resume
 
@@ -158,6 +266,9 @@ class TrainerProcess:
                 published (they would collide with this trainer's).
             TrainerError: a checkpoint that does not fit (see ``load_checkpoint``).
         """
+        if self.lease is not None:
+            # the other ranks wait in load_checkpoint's collectives meanwhile
+            self.lease.take(lambda: self.stop_requested)
         meta = self.trainer.load_checkpoint()
         version = self.trainer.policy_version
         problem, publish = None, False
@@ -172,6 +283,8 @@ class TrainerProcess:
                     "that trainer's --output-dir (or use a new store)"
                 )
             elif meta is not None:
+                assert self.lease is not None
+                self.lease.check()
                 record_checkpoint_samples(self.store, meta)
                 publish = stored < version
         problem, publish = broadcast_object((problem, publish), self.env)
@@ -277,7 +390,8 @@ class TrainerProcess:
         metrics = {**metrics, "policy/version": float(version),
                    **{k: float(v) for k, v in self.drops.items()}}  # fmt: skip
         if self.env.is_main:
-            assert self.store is not None
+            assert self.store is not None and self.lease is not None
+            self.lease.check()
             self.store.record_samples(trained_records(order.turn_ids, self.trainer.step, version))
             for t in order.turn_ids:
                 del self._ready[t]
@@ -292,7 +406,8 @@ class TrainerProcess:
         """Rank 0: record ``version`` in the store (gateways load it from there)."""
         if not self.env.is_main:
             return
-        assert self.store is not None
+        assert self.store is not None and self.lease is not None
+        self.lease.check()
         record = published(version, weights, self.trainer.step, full=self.config.full_finetune)
         self.store.publish_policy_version(record)
         kind = "full weights" if record.weights_kind == WeightsKind.FULL else "LoRA adapter"
@@ -300,7 +415,10 @@ class TrainerProcess:
                  f"({kind} {record.weights}, step {self.trainer.step})")  # fmt: skip
 
     def close(self) -> None:
-        """Close the metrics writer and the store this process was given (rank 0)."""
+        """Give the trainer lease up; close the metrics writer and the store this process was
+        given (rank 0)."""
+        if self.lease is not None:
+            self.lease.release()
         if self.metrics is not None:
             self.metrics.close()
         if self.store is not None:

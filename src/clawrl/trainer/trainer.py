@@ -184,6 +184,11 @@ class Trainer:
         """Every rank's ``parts``, in rank order (one process: its own)."""
         return parts
 
+    def _before_backward(self, index: int, passes: int) -> None:
+        """Called before the backward pass ``index`` of ``passes`` in a step (FSDP2 reduces
+        gradients over ranks only at the last: :class:`clawrl.trainer.fsdp.ShardedTrainer`);
+        one process does nothing."""
+
     def _micro_batches(self, n: int) -> list[tuple[int, int] | None]:
         """This rank's ``(start, stop)`` row ranges of an ``n``-sample batch, padded with
         ``None`` (a pass that weighs nothing) to :meth:`_passes`."""
@@ -287,7 +292,8 @@ class Trainer:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         parts: list[tuple[float, dict[str, float]]] = []
-        for rows in self._micro_batches(len(kept)):
+        passes = self._micro_batches(len(kept))
+        for index, rows in enumerate(passes):
             start, stop = rows or (0, 1)  # a pass that weighs nothing: row 0 again, loss x 0
             batch = collate(kept[start:stop]).to(self.device)
             width = batch.loss_mask.shape[1]  # right padding: a row's positions do not move
@@ -306,6 +312,7 @@ class Trainer:
                     normalizers=normalizers,
                 ),
             )
+            self._before_backward(index, len(passes))
             if rows is None:
                 (out.loss * 0.0).backward()  # FSDP2's gradient reduction runs on every rank
                 continue
