@@ -22,7 +22,7 @@ training beside it (a lease whose holder was killed on this host is taken over a
 another host lapses after :data:`LEASE_TTL_S`).
 
 So a ``kill -9`` of any rank at any point loses nothing and trains nothing twice: a step whose
-checkpoint was not committed is redone from the same turns (their rows were not written); a
+checkpoint was not committed never happened: its turns have no rows and are taken again; a
 committed one is kept, and :meth:`TrainerProcess.resume` writes the rows and publishes the
 version a crash left out. Rank 0 sends the other ranks an order every poll interval (``None``:
 nothing to do yet), so they never wait long in a collective; a ``stop`` order ends every rank.
