@@ -12,9 +12,13 @@ clawrl; TRL's step is its loss over the whole batch at once (``per_device_train_
 the batch): its ``compute_loss`` (forward, log-probs, GRPO loss), ``accelerator.backward`` and
 the optimizer step — the part of ``GRPOTrainer.training_step`` after generation, since clawrl's
 trainer never generates (the gateway's engine did). Each configuration runs in its own
-subprocess (FSDP2 under torchrun) after one warm-up step; the CPU threads are split evenly over
-the ranks (``OMP_NUM_THREADS``). "Trained tokens" are completion tokens (the ones the loss
-covers); prompt tokens are processed too but not counted.
+subprocess (FSDP2 under torchrun) after one warm-up step, each process (rank) with ``--threads``
+CPU threads (``OMP_NUM_THREADS``, 1 by default: N ranks use N cores, and idle OpenMP threads
+spinning on a busy machine do not count as work). "Trained tokens" are completion tokens (the ones the loss
+covers); prompt tokens are processed too but not counted. Beside wall-clock s/step it prints
+the CPU seconds per step summed over the ranks (``time.process_time``), which other jobs on a
+shared machine do not inflate: on CPU, ranks that split the work should add up to about the one
+process's CPU time, and the wall-clock gain of N ranks needs N free cores.
 
 Without TRL installed (it is in the ``dev`` extras) its row says so.
 """
@@ -88,21 +92,25 @@ def _clawrl_child(args: argparse.Namespace) -> dict[str, Any]:
         for i, b in enumerate(_batch(len(policy.tokenizer), args.batch, args.prompt,
                                      args.completion))
     ]  # fmt: skip
-    times = []
+    times, cpu = [], []
     for i in range(args.steps + 1):
         if args.device.startswith("cuda"):
             torch.cuda.synchronize()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         trainer.train_step(batch)
         if args.device.startswith("cuda"):
             torch.cuda.synchronize()
         if i > 0:  # the first step warms up
             times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
+    cpu_s = sum(cpu) / len(cpu)
     if env is not None:
-        from clawrl.trainer.distributed import shutdown_distributed
+        from clawrl.trainer.distributed import gather_objects, shutdown_distributed
 
+        cpu_s = sum(gather_objects(cpu_s, env))  # every rank's CPU time
         shutdown_distributed()
-    return {"s_per_step": sum(times) / len(times), "tokens": args.batch * args.completion}
+    return {"s_per_step": sum(times) / len(times), "cpu_s_per_step": cpu_s,
+            "tokens": args.batch * args.completion}  # fmt: skip
 
 
 def _trl_child(args: argparse.Namespace) -> dict[str, Any]:
@@ -146,11 +154,11 @@ def _trl_child(args: argparse.Namespace) -> dict[str, Any]:
     }
     model = trainer.model
     model.train()
-    times = []
+    times, cpu = [], []
     for i in range(args.steps + 1):
         if dev.type == "cuda":
             torch.cuda.synchronize()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         loss = trainer.compute_loss(model, inputs)
         trainer.accelerator.backward(loss)
         trainer.optimizer.step()
@@ -160,14 +168,15 @@ def _trl_child(args: argparse.Namespace) -> dict[str, Any]:
             torch.cuda.synchronize()
         if i > 0:
             times.append(time.perf_counter() - t0)
-    return {"s_per_step": sum(times) / len(times), "tokens": args.batch * args.completion}
+            cpu.append(time.process_time() - c0)
+    return {"s_per_step": sum(times) / len(times), "cpu_s_per_step": sum(cpu) / len(cpu),
+            "tokens": args.batch * args.completion}  # fmt: skip
 
 
 def _run_child(kind: str, ranks: int, args: argparse.Namespace) -> dict[str, Any] | str:
     """Run one configuration in a subprocess; its result, or why there is none."""
     out = Path(tempfile.mkdtemp(prefix="bench-")) / "result.json"
-    cores = os.cpu_count() or 1
-    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, cores // ranks)), "HF_HUB_OFFLINE": "1",
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_VERBOSITY": "error"}  # fmt: skip
     own = [__file__, "--child", kind, "--result", str(out), "--model", args.model,
            "--batch", str(args.batch), "--prompt", str(args.prompt), "--completion",
@@ -194,6 +203,8 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=3, help="timed steps after a warm-up step (3)")
     p.add_argument("--ranks", default="1,2", help="FSDP2 rank counts to run (1,2)")
     p.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (NCCL)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="CPU threads per process / rank (1: N ranks use N cores)")  # fmt: skip
     p.add_argument("--child", choices=["single", "fsdp", "trl"], help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -205,10 +216,11 @@ def main() -> int:
             Path(args.result).write_text(json.dumps(result))
         return 0
 
+    print(f"load average {' / '.join(f'{x:.1f}' for x in os.getloadavg())} at the start")
     print(f"trainer throughput: {args.model}, batch {args.batch} x ({args.prompt} prompt + "
           f"{args.completion} completion tokens), LoRA r{LORA['lora_rank']} on all linear "
-          f"layers, {args.device}, {os.cpu_count()} CPU cores, mean of {args.steps} steps after "
-          f"a warm-up", flush=True)  # fmt: skip
+          f"layers, {args.device}, {os.cpu_count()} CPU cores, {args.threads} thread(s) per "
+          f"process, mean of {args.steps} steps after a warm-up", flush=True)  # fmt: skip
     rows: list[tuple[str, dict[str, Any] | str]] = [
         ("clawrl Trainer, 1 process (no FSDP)", _run_child("single", 1, args))
     ]
@@ -223,12 +235,16 @@ def main() -> int:
 
         rows.append((f"TRL {trl.__version__} GRPOTrainer", _run_child("trl", 1, args)))
     width = max(len(name) for name, _ in rows)
-    print(f"{'':{width}}  {'s/step':>8}  {'trained tokens/s':>16}")
+    print(f"{'':{width}}  {'s/step':>8}  {'trained tokens/s':>16}  {'CPU s/step':>10}")
     for name, r in rows:
         if isinstance(r, str):
             print(f"{name:{width}}  {r}")
         else:
-            print(f"{name:{width}}  {r['s_per_step']:8.3f}  {r['tokens'] / r['s_per_step']:16.1f}")
+            print(f"{name:{width}}  {r['s_per_step']:8.3f}  {r['tokens'] / r['s_per_step']:16.1f}"
+                  f"  {r['cpu_s_per_step']:10.3f}")  # fmt: skip
+    print(f"load average {' / '.join(f'{x:.1f}' for x in os.getloadavg())} (1/5/15 min) at the "
+          f"end, on {os.cpu_count()} cores: s/step is wall-clock time, shared with whatever else "
+          f"runs; CPU s/step (summed over ranks) is this run's own work")  # fmt: skip
     return 0
 
 

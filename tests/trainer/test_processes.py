@@ -227,7 +227,10 @@ def test_three_processes_keep_serving_while_the_policy_advances(tiny_dir, tmp_pa
     assert len(versions) >= 2, versions  # the client was answered by more than one version
 
 
-def test_kill_9_of_a_trainer_rank_then_a_restart_on_1_rank_trains_nothing_twice(tiny_dir, tmp_path):
+@pytest.mark.parametrize("rank", [0, 1])
+def test_kill_9_of_a_trainer_rank_then_a_restart_on_1_rank_trains_nothing_twice(
+    tiny_dir, tmp_path, rank
+):
     serve, url = _serve(tiny_dir, tmp_path)
     procs = [serve]
     try:
@@ -235,9 +238,9 @@ def test_kill_9_of_a_trainer_rank_then_a_restart_on_1_rank_trains_nothing_twice(
         procs.append(judge := _judge(tiny_dir, tmp_path))
         train = _train(tiny_dir, tmp_path, nproc=2)
         procs.append(train)
-        rank0 = int(train.wait_for(r"rank 0/2 pid (\d+)").group(1))
+        victim = int(train.wait_for(rf"rank {rank}/2 pid (\d+)").group(1))
         train.wait_for(r" step 2: ")
-        os.kill(rank0, signal.SIGKILL)  # rank 0: the one holding the store, mid-run
+        os.kill(victim, signal.SIGKILL)  # rank 0 holds the store and the lease; rank 1 not
         assert train.popen.wait(120) != 0  # torchrun ends the job when a rank dies
         steps_before = _steps(train)
         procs.remove(train)
