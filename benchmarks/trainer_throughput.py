@@ -14,8 +14,8 @@ the optimizer step — the part of ``GRPOTrainer.training_step`` after generatio
 trainer never generates (the gateway's engine did). Each configuration runs in its own
 subprocess (FSDP2 under torchrun) after one warm-up step, each process (rank) with ``--threads``
 CPU threads (``OMP_NUM_THREADS``, 1 by default: N ranks use N cores, and idle OpenMP threads
-spinning on a busy machine do not count as work). "Trained tokens" are completion tokens (the ones the loss
-covers); prompt tokens are processed too but not counted. Beside wall-clock s/step it prints
+spinning on a busy machine do not count as work). "Trained tokens" are completion tokens (the
+ones the loss covers); prompt tokens are processed too but not counted. Beside wall-clock s/step it prints
 the CPU seconds per step summed over the ranks (``time.process_time``), which other jobs on a
 shared machine do not inflate: on CPU, ranks that split the work should add up to about the one
 process's CPU time, and the wall-clock gain of N ranks needs N free cores.

@@ -280,8 +280,10 @@ def build_runtime(
         )  # fmt: skip
     external = config.server.external_trainer and online
     if external and config.server.version_poll_s <= 0:
-        raise ConfigError("server.external_trainer needs server.version_poll_s > 0: an external "
-                          "trainer's versions reach this gateway only through the store")  # fmt: skip
+        raise ConfigError(
+            "server.external_trainer needs server.version_poll_s > 0: an external trainer's "
+            "versions reach this gateway only through the store"
+        )
     owned: list[Callable[[], None]] = []
     try:
         if policy is None:

@@ -18,7 +18,8 @@ def test_one_holder_at_a_time_until_it_expires_or_is_released(store_target):
         other = store.acquire_lease(TRAINER_LEASE, "b", 30)
         assert other is not None and other.holder == "a" and other.expires_at > time.time() + 20
         assert store.acquire_lease(TRAINER_LEASE, "a", 60) is None  # renewed
-        assert store.get_lease(TRAINER_LEASE).expires_at > time.time() + 50  # type: ignore[union-attr]
+        renewed = store.get_lease(TRAINER_LEASE)
+        assert renewed is not None and renewed.expires_at > time.time() + 50
         store.release_lease(TRAINER_LEASE, "b")  # not b's: nothing happens
         assert store.get_lease(TRAINER_LEASE).holder == "a"  # type: ignore[union-attr]
         store.release_lease(TRAINER_LEASE, "a")

@@ -24,7 +24,8 @@ def register(jsub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
         "tool's output, explicit feedback) and no judgment, judge each (m votes, majority, "
         "hint) and store the verdict, which `clawrl train` turns into samples. Runs beside "
         "`clawrl serve --external-trainer` and `clawrl train` on one store; any number of "
-        "workers may run (a turn two workers judge at once keeps the first verdict stored). Killed, "
+        "workers may run (each claims a turn while judging it; the first verdict stored wins). "
+        "Killed, "
         "it loses nothing: an unstored judgment is redone on restart. One console line per "
         "judgment.",
         epilog="examples:\n"

@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         epilog="examples:\n"
         "  clawrl serve --model smollm2-135m --port 8000 --store clawrl.db\n"
         "  clawrl serve --engine vllm --method combine        # clawrl launches a vLLM server\n"
-        "  clawrl serve --method combine --external-trainer   # + clawrl judge worker, clawrl train\n"
+        "  clawrl serve --method combine --external-trainer   # + judge worker, clawrl train\n"
         "  clawrl serve --vllm-url http://gpu1:8000 --vllm-url http://gpu2:8000 --method rl",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

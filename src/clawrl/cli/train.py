@@ -82,16 +82,14 @@ def run(args: argparse.Namespace) -> int:
         print("clawrl train: " + " ".join(cmd), flush=True)
         os.execv(cmd[0], cmd)  # the same pid: stopping it stops torchrun and every rank
     cfg = config_with_flags(args)
-    overrides: dict[str, object] = {}
+    model, server = cfg.model, cfg.server
     if args.model:
-        overrides["model"] = cfg.model.model_copy(update={"spec": args.model})
-    if args.store:
-        overrides["server"] = cfg.server.model_copy(update={"store": args.store})
+        model = model.model_copy(update={"spec": args.model})
     if args.device:
-        overrides["model"] = overrides.get("model", cfg.model).model_copy(  # type: ignore[attr-defined]
-            update={"device": args.device}
-        )
-    cfg = cfg.model_copy(update=overrides)
+        model = model.model_copy(update={"device": args.device})
+    if args.store:
+        server = server.model_copy(update={"store": args.store})
+    cfg = cfg.model_copy(update={"model": model, "server": server})
     quiet_transformers()
 
     from clawrl.runtime import build_trainer_process

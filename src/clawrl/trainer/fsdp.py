@@ -179,8 +179,9 @@ class ShardedTrainer(Trainer):
         """Save the weights as ``version`` under ``policies/vN``; collective, rank 0 writes.
 
         A LoRA adapter is a PEFT directory (``adapter_config.json`` + weights); full
-        fine-tuning writes :data:`clawrl.store.FULL_WEIGHTS_FILE` (safetensors). Either is loadable by a
-        gateway in another process that sees this directory. Returns the directory."""
+        fine-tuning writes :data:`clawrl.store.FULL_WEIGHTS_FILE` (safetensors). Either is
+        loadable by a gateway in another process that sees this directory. Returns the
+        directory."""
         weights = self.full_weights()
         target = self.output_dir / "policies" / f"v{version}"
         if self.env.is_main:
