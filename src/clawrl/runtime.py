@@ -43,6 +43,7 @@ from clawrl.trainer.judge_worker import JudgeFn
 if TYPE_CHECKING:
     from clawrl.dashboard import DashboardSource
     from clawrl.gateway.server import LiveServer
+    from clawrl.gateway.versions import VersionFollower
     from clawrl.judge import Judge
     from clawrl.trainer import Trainer
     from clawrl.trainer.service import OnlineService
@@ -200,6 +201,7 @@ class Runtime:
         dashboard: what ``/dashboard`` reads (the demo sets its ``demo`` view).
         follows_versions: the app's lifespan loads the policy versions another process
             publishes in the store (a replica that does not train: ``clawrl.gateway.versions``).
+        follower: that version follower (its ``on_version`` hook), or ``None``.
     """
 
     config: Config
@@ -213,6 +215,7 @@ class Runtime:
     judge: JudgeBundle | None = None
     dashboard: DashboardSource | None = None
     follows_versions: bool = False
+    follower: VersionFollower | None = None
     _owned: list[Callable[[], None]] = field(default_factory=list, repr=False)
 
     def resume(self) -> int:
@@ -292,6 +295,7 @@ def build_runtime(
             owned.append(store.close)
         service: OnlineService | None = None
         trainer: Trainer | None = None
+        follower: VersionFollower | None = None
         if method.trains and online:
             from clawrl.trainer.service import OnlineService
 
@@ -315,7 +319,8 @@ def build_runtime(
             # a replica that does not train serves what the trainer published (gateway.versions)
             from clawrl.gateway.versions import VersionFollower
 
-            lifespan = VersionFollower(store, engine, config.server.version_poll_s).lifespan
+            follower = VersionFollower(store, engine, config.server.version_poll_s)
+            lifespan = follower.lifespan
         app = create_app(
             engine, policy.tokenizer, store, model_name=name, api_key=api_key,
             defaults=config.sampling, lifespan=lifespan,
@@ -335,5 +340,6 @@ def build_runtime(
         config=config, policy=policy, engine=engine, store=store, app=app, model_name=name,
         service=service, trainer=trainer, judge=judge if service is not None else None,
         dashboard=dashboard, follows_versions=service is None and lifespan is not None,
+        follower=follower,
         _owned=owned,
     )  # fmt: skip

@@ -211,6 +211,10 @@ def run(args: argparse.Namespace) -> int:
                 f" judge={judge} policy version {version} (output: {cfg.trainer.output_dir})",
                 flush=True,
             )
+        if runtime.follower is not None:
+            runtime.follower.on_version = lambda v: print(
+                f"serving policy version {v} (published in the store by the trainer)", flush=True
+            )
         bound = sock.getsockname()[1]
         base = f"http://{_url_host(host)}:{bound}/v1"
         auth = ' -H "Authorization: Bearer $CLAWRL_API_KEY"' if api_key else ""

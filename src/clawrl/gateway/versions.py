@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from clawrl.engine import Engine
@@ -39,6 +39,7 @@ class VersionFollower:
         self.interval_s = interval_s
         self._queued = 0
         self._warned: set[int] = set()
+        self.on_version: Callable[[int], None] | None = None  # called with each version loaded
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -64,6 +65,8 @@ class VersionFollower:
         self._queued = record.version
         await asyncio.wrap_future(self.engine.load_policy(record.version, Path(record.weights)))
         log.info("serving published policy version %d", record.version)
+        if self.on_version is not None:
+            self.on_version(record.version)
         return record.version
 
     async def run(self) -> None:
