@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import json
 import time
 from pathlib import Path
 
@@ -70,6 +71,14 @@ def test_a_fake_replica_serves_ids_and_logprobs(fake_vllm):
     assert body["repetition_penalty"] == 1.0 and body["min_p"] == 0.0
 
 
+def test_a_5xx_error_event_in_a_stream_is_unavailable(fake_vllm):
+    engine, (server,) = fake_vllm()
+    error = {"error": {"message": "EngineCore encountered an issue", "code": 500}}
+    server.chunks = ["data: " + json.dumps(error), "data: [DONE]"]
+    with pytest.raises(EngineUnavailableError, match="EngineCore"):
+        _stream(engine)
+
+
 def test_an_aborted_request_is_unavailable_not_a_turn(fake_vllm):
     engine, (server,) = fake_vllm()
     server.finish = "abort"
@@ -101,10 +110,12 @@ def test_a_5xx_is_unavailable_and_three_in_a_row_take_the_replica_out(fake_vllm)
     with pytest.raises(EngineUnavailableError):
         _gen(engine)
     assert all(r.healthy for r in engine.replicas)  # one failure does not take a replica out
+    assert engine.available
     for _ in range(4):
         with pytest.raises(EngineUnavailableError):
             _gen(engine)
     assert not any(r.healthy for r in engine.replicas)
+    assert not engine.available  # the gateway's /healthz answers 503
     with pytest.raises(EngineUnavailableError, match="no vLLM replica is available"):
         _gen(engine)
 

@@ -131,3 +131,19 @@ def test_the_probe_hash_tells_tokenizers_apart(tokenizer, tmp_path):
     other = AutoTokenizer.from_pretrained(str(tmp_path / "same"))
     other.add_tokens(["Hello,"])  # one more piece: "Hello, world!" splits differently
     assert local_probe_hash(other) != local_probe_hash(tokenizer)
+
+
+@pytest.mark.parametrize(
+    ("error", "raised"),
+    [
+        ({"message": "EngineCore encountered an issue", "code": 500}, EngineUnavailableError),
+        ({"message": "bad request", "code": 400}, EngineError),
+        ({"message": "no code"}, EngineError),
+        ("a bare string", EngineError),
+    ],
+)
+def test_an_error_event_in_a_stream_maps_by_its_code(error, raised):
+    with pytest.raises(raised, match="vLLM stream error") as info:
+        protocol.raise_stream_error(error)
+    if raised is EngineError:  # not the subclass: a 4xx is not worth a retry
+        assert not isinstance(info.value, EngineUnavailableError)

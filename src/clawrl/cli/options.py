@@ -220,7 +220,8 @@ def apply_flags(
     vllm_flags = [f"--{f.replace('_', '-')}" for f in ("vllm_url", "vllm_arg", "vllm_python")
                   if getattr(args, f, None)]  # fmt: skip
     if vllm_flags and engine.get("backend", "vllm") != "vllm":
-        raise ConfigError(f"{', '.join(vllm_flags)} need the vLLM engine, but the engine is "
+        verb = "needs" if len(vllm_flags) == 1 else "need"
+        raise ConfigError(f"{', '.join(vllm_flags)} {verb} the vLLM engine, but the engine is "
                           f"{engine['backend']!r} (--engine vllm, or drop them)")  # fmt: skip
     if (engine.get("vllm_urls") or engine.get("vllm_args")) and "backend" not in engine:
         engine["backend"] = "vllm"

@@ -32,7 +32,9 @@ so no sample is trained twice and none is lost.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -59,6 +61,18 @@ from clawrl.trainer.trainer import Trainer
 from clawrl.trainer.types import TrainSample
 
 log = logging.getLogger(__name__)
+
+
+def _report_publish(version: int, fut: concurrent.futures.Future[int]) -> None:
+    """Log a version the engine refused (e.g. no vLLM replica up): the trainer goes on, and
+    the next step's version replaces it (the engine serves the last version it took)."""
+    if fut.cancelled():
+        return
+    error = fut.exception()
+    if error is not None:
+        log.error("policy v%d was not published to the engine: %s (the next step's version "
+                  "replaces it)", version, error)  # fmt: skip
+
 
 HINT_TEMPLATE = "\n\n[Hint: {hint}]"
 SYSTEM_HINT_TEMPLATE = "Keep in mind what the user asked for: {hint}"
@@ -315,7 +329,9 @@ class OnlineLearner:
                     for t in turn_ids
                 ],
             )
-            self.engine.load_policy(version, weights)
+            self.engine.load_policy(version, weights).add_done_callback(
+                functools.partial(_report_publish, version)
+            )
             await asyncio.to_thread(
                 self.store.publish_policy_version, published(version, weights, self.trainer.step)
             )

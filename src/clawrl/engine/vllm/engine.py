@@ -28,7 +28,8 @@ it answers and has been given the current version again (its adapter, or its ful
 temperature vLLM's prompt log-probs do not apply (they skip the sampling processors), so each
 target position is one request that returns the processed log-prob of the target id at the
 next position (``logprob_token_ids``), at most :data:`SCORE_CONCURRENCY` at once; vLLM's prefix
-cache serves their shared prefix. ``base=True`` scores with the base weights.
+cache serves their shared prefix (measured: 89 % of the prompt tokens of 48 such requests over an
+824-token prompt were cache hits, sent all at once). ``base=True`` scores with the base weights.
 
 **The base model behind a zero adapter.** vLLM's CPU LoRA kernels (``vllm/lora/ops/torch_ops``,
 vLLM 0.32) index the stacked adapter weights with each token's slot, and a token without an
@@ -253,6 +254,14 @@ class VLLMEngine:
         return task
 
     # ------------------------------------------------------------------ replicas
+
+    @property
+    def available(self) -> bool:
+        """Whether a replica can take a request now (healthy and on the current version);
+        the gateway's ``/healthz`` answers 503 while not."""
+        return not self._closed and any(
+            r.healthy and r.synced_version >= self.policy_version for r in self.replicas
+        )
 
     def _pick(self) -> Replica:
         ready = [r for r in self.replicas if r.healthy and r.synced_version >= self.policy_version]
@@ -654,7 +663,7 @@ class VLLMEngine:
                     break
                 chunk = json.loads(data)
                 if isinstance(chunk, dict) and "error" in chunk:
-                    raise EngineError(f"vLLM stream error: {str(chunk['error'])[:300]}")
+                    protocol.raise_stream_error(chunk["error"])
                 if isinstance(chunk, dict) and not chunk.get("choices"):
                     continue  # a usage-only chunk
                 delta = protocol.parse_choice(chunk, want_top=params.logprobs_top_k)

@@ -289,6 +289,23 @@ def raise_for_error(status: int, text: str, prompt_tokens: int, max_context: int
     raise EngineError(f"vLLM answered HTTP {status}: {_short(message)}")
 
 
+def raise_stream_error(error: Any) -> None:
+    """Map an error event inside a vLLM stream (``{"error": {...}}``) to clawrl's errors: a
+    5xx code (e.g. "EngineCore encountered an issue" when the server is going down) is
+    :class:`EngineUnavailableError` (a 503 to the client, who may retry), anything else
+    :class:`EngineError`.
+
+    Raises:
+        EngineUnavailableError: the error carries an HTTP code >= 500.
+        EngineError: any other error.
+    """
+    code = error.get("code") if isinstance(error, dict) else None
+    with contextlib.suppress(TypeError, ValueError):
+        if code is not None and int(code) >= 500:
+            raise EngineUnavailableError(f"vLLM stream error: {_short(error)}")
+    raise EngineError(f"vLLM stream error: {_short(error)}")
+
+
 def _short(value: Any, limit: int = 300) -> str:
     text = value if isinstance(value, str) else json.dumps(value)[: limit + 1]
     return text if len(text) <= limit else text[:limit] + "..."

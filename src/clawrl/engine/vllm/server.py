@@ -1,4 +1,4 @@
-"""Launching and supervising one vLLM server for ``clawrl serve --engine vllm`` (no ``--vllm-url``).
+"""Launching and stopping one vLLM server for ``clawrl serve --engine vllm`` (no ``--vllm-url``).
 
 clawrl starts ``python -m vllm.entrypoints.openai.api_server`` (vLLM's own OpenAI-compatible
 server) from a Python that has vLLM installed (vLLM pins its own torch and transformers, so it
@@ -161,18 +161,24 @@ class VLLMServer:
             start_new_session=True,  # its own process group: stopped as one, by its id
         )  # fmt: skip
         log.close()
+        try:
+            return self._wait_healthy()
+        except BaseException:  # Ctrl-C or SIGTERM while it starts: no server left behind
+            self.stop(timeout_s=5.0)
+            raise
+
+    def _wait_healthy(self) -> str:
+        assert self.process is not None
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             code = self.process.poll()
-            if code is not None:
-                self.stop()  # what it started is still in its process group
+            if code is not None:  # (start() stops what it started, in its process group)
                 raise EngineError(f"the vLLM server exited with status {code} while starting; "
                                   f"{self.log_path}:\n{self.log_tail()}")  # fmt: skip
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
                     return self.url
             time.sleep(1.0)
-        self.stop()
         raise EngineError(f"the vLLM server did not become healthy in {self.startup_timeout_s:.0f}"
                           f" s; {self.log_path}:\n{self.log_tail()}")  # fmt: skip
 
