@@ -36,9 +36,12 @@ def _prompt(tokenizer, text: str = "What is 2+2?") -> list[int]:
     )
 
 
-def _adapters(vllm_server) -> list[str]:
+def _adapters(vllm_server, engine) -> list[str]:
+    """The adapters of ``engine`` the server lists (the server is shared by the session's
+    tests)."""
     models = httpx.get(f"{vllm_server.url}/v1/models").json()["data"]
-    return sorted(m["id"] for m in models if m.get("parent"))
+    mine = f"clawrl-{engine._run}-"
+    return sorted(m["id"] for m in models if m.get("parent") and m["id"].startswith(mine))
 
 
 def test_published_versions_serve_the_trainers_logprobs(vllm_server, embedded_policy, tmp_path):
@@ -75,7 +78,7 @@ def test_published_versions_serve_the_trainers_logprobs(vllm_server, embedded_po
         assert float(diff) < SERVED_LOGPROB_TOLERANCE
     finally:
         engine.close()
-    assert _adapters(vllm_server) == []  # a closed engine leaves no adapter on the server
+    assert _adapters(vllm_server, engine) == []  # a closed engine leaves no adapter on the server
 
 
 def _trained_adapter(policy, path, seed: int):
@@ -121,10 +124,13 @@ def test_requests_in_flight_keep_their_version_and_old_adapters_go(
         assert float(_served_logprobs_of(embedded_policy.model, prompt, events)) < 1e-3
         assert float(_served_logprobs_of(v1, prompt, events)) > 1e-2
         deadline = time.monotonic() + 10
-        while len(_adapters(vllm_server)) > 2 and time.monotonic() < deadline:
+        while len(_adapters(vllm_server, engine)) > 2 and time.monotonic() < deadline:
             time.sleep(0.1)
         # v1 went once idle; the zero base adapter stays while the engine runs
-        assert _adapters(vllm_server) == [f"clawrl-{engine._run}-base", f"clawrl-{engine._run}-v2"]
+        assert _adapters(vllm_server, engine) == [
+            f"clawrl-{engine._run}-base",
+            f"clawrl-{engine._run}-v2",
+        ]
     finally:
         engine.close()
 

@@ -507,6 +507,17 @@ class VLLMEngine:
         finally:
             self._gate.set()
 
+    async def _unload_ours(self, replica: Replica) -> None:
+        """Unload every adapter of this engine (``clawrl-<run>-...``) the replica lists."""
+        r = await self._client.get(f"{replica.url}/v1/models", timeout=10.0)
+        mine = f"{ADAPTER_PREFIX}{self._run}-"
+        for model in r.json().get("data", []):
+            name = str(model.get("id", ""))
+            if name.startswith(mine):
+                with contextlib.suppress(EngineError):
+                    await self._rpc(replica, "/v1/unload_lora_adapter", {"lora_name": name},
+                                    timeout=10.0)  # fmt: skip
+
     async def _retire_idle(self) -> None:
         """Forget superseded versions no request uses: unload their adapters, delete weights
         this engine wrote. The entries leave ``_versions`` before any await, so two passes never
@@ -849,15 +860,10 @@ class VLLMEngine:
         async def shutdown() -> None:
             for task in list(self._tasks):
                 task.cancel()
-            names = [info.name for info in self._versions.values() if info.adapter is not None]
-            if self._base_adapter is not None:
-                names.append(self._base_served)
-            for name in names:  # a shared server keeps no adapter of ours
-                for r in self.replicas:
-                    if r.healthy:
-                        with contextlib.suppress(EngineError):
-                            await self._rpc(r, "/v1/unload_lora_adapter",
-                                            {"lora_name": name}, timeout=10.0)  # fmt: skip
+            # a shared server keeps no adapter of ours: each replica's own list, so an adapter
+            # whose unloading a cancelled task left undone goes too
+            await asyncio.gather(*(self._unload_ours(r) for r in self.replicas),
+                                 return_exceptions=True)  # fmt: skip
             client = getattr(self, "_client", None)
             if client is not None:
                 await client.aclose()
