@@ -59,11 +59,24 @@ def vllm_server(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def embedded_policy():
-    """The real embedded SmolLM2-135M-Instruct (what the vLLM test server serves)."""
+def _embedded_policy_once():
     from clawrl.models import load_policy
 
     return load_policy("smollm2-135m")
+
+
+@pytest.fixture
+def embedded_policy(_embedded_policy_once):
+    """The real embedded SmolLM2-135M-Instruct (what the vLLM test server serves).
+
+    A fresh copy of the weights per test: a Trainer injects its LoRA layers into the model it is
+    given, so a shared model would carry one test's trained adapter into the next test's "base".
+    """
+    import copy
+    import dataclasses
+
+    policy = _embedded_policy_once
+    return dataclasses.replace(policy, model=copy.deepcopy(policy.model))
 
 
 @pytest.fixture(scope="session")

@@ -82,13 +82,16 @@ def _vllm_engine(policy: Any, config: Config) -> Engine:
             raise ConfigError("launching vLLM needs a model directory (engine.vllm_urls is empty)")
         server = VLLMServer(
             policy.path, python=ec.vllm_python, run_dir=Path(config.trainer.output_dir) / "vllm",
-            max_lora_rank=config.trainer.lora_rank, extra_args=ec.vllm_args,
-            startup_timeout_s=ec.vllm_startup_timeout_s,
+            dtype=config.model.dtype, max_lora_rank=config.trainer.lora_rank,
+            extra_args=ec.vllm_args, startup_timeout_s=ec.vllm_startup_timeout_s,
         )  # fmt: skip
         urls, on_close = [server.start()], server.stop
     try:
+        from clawrl.engine.inputs import policy_eos_ids
+
         return VLLMEngine(
-            urls, policy.tokenizer, max_context=ec.max_context, api_key=ec.vllm_api_key,
+            urls, policy.tokenizer, eos_token_ids=policy_eos_ids(policy),
+            max_context=ec.max_context, api_key=ec.vllm_api_key,
             publish_dir=Path(config.trainer.output_dir) / "vllm-weights", on_close=on_close,
         )  # fmt: skip
     except BaseException:
@@ -99,6 +102,20 @@ def _vllm_engine(policy: Any, config: Config) -> Engine:
 
 ENGINE_BACKENDS["transformers"] = _transformers_engine
 ENGINE_BACKENDS["vllm"] = _vllm_engine
+
+
+def _serve_base_through_zero_adapter(engine: Engine, trainer: Trainer, config: Config) -> None:
+    """A vLLM engine serves the base weights through a zero copy of the trainer's LoRA adapter
+    from the first request on (:mod:`clawrl.engine.vllm.engine` says which vLLM behaviour this
+    avoids); nothing for other engines or full fine-tuning."""
+    use = getattr(engine, "use_base_adapter", None)
+    if use is None or config.trainer.full_finetune:
+        return
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="clawrl-adapter-") as tmp:
+        trainer.model.save_pretrained(tmp)  # type: ignore[operator]
+        use(tmp)
 
 
 def build_engine(policy: Any, config: Config) -> Engine:
@@ -309,6 +326,9 @@ def build_runtime(
             from clawrl.trainer import Trainer
 
             trainer = Trainer(policy.model, config.trainer, policy_version=engine.policy_version)
+        learner = service.trainer if service is not None else trainer
+        if learner is not None:
+            _serve_base_through_zero_adapter(engine, learner, config)
         name = model_name or (Path(spec).name if Path(spec).is_dir() else spec)
         lifespan = service.lifespan if service is not None else None
         follower = None

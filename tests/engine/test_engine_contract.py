@@ -24,6 +24,8 @@ from clawrl.errors import ContextLengthError, EngineClosedError
 from clawrl.gateway.testing import ScriptedEngine
 from clawrl.models import tiny_policy, tokenizer_fingerprint
 
+from .conftest import trained_adapter
+
 
 @dataclass
 class Case:
@@ -71,10 +73,6 @@ def _scripted() -> Iterator[Case]:
 def _vllm(request: pytest.FixtureRequest) -> Iterator[Case]:
     """A real vLLM server (the session's ``vllm_server``) on the embedded model; versions are
     LoRA adapters with non-zero B, published as the trainer publishes them."""
-    import copy
-
-    import torch
-    from peft import LoraConfig, get_peft_model
 
     from clawrl.engine.vllm import VLLMEngine
 
@@ -84,14 +82,7 @@ def _vllm(request: pytest.FixtureRequest) -> Iterator[Case]:
     engine = VLLMEngine([server.url], policy.tokenizer)
 
     def weights(version: int) -> str:
-        cfg = LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM")
-        model = get_peft_model(copy.deepcopy(policy.model), cfg)
-        gen = torch.Generator().manual_seed(version)
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if "lora_B" in name:
-                    p.copy_(0.01 * torch.randn(p.shape, generator=gen))
-        model.save_pretrained(str(root / f"v{version}"))
+        trained_adapter(policy.model, root / f"v{version}", version, scale=0.01)
         return str(root / f"v{version}")
 
     yield Case(engine, policy.tokenizer, weights)

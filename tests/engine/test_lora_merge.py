@@ -7,11 +7,13 @@ import copy
 
 import pytest
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model
+from peft import PeftModel
 
 from clawrl.engine import SamplingParams, TransformersEngine
 from clawrl.engine.lora import MergedLora, UnsupportedAdapter, lora_deltas
 from clawrl.models import tiny_policy
+
+from .conftest import trained_adapter
 
 
 @pytest.fixture()
@@ -20,17 +22,8 @@ def policy():
 
 
 def _adapter(base, path, seed: int, **lora) -> torch.nn.Module:
-    """A LoRA adapter with non-zero B (a trained one) on a copy of ``base``, saved to ``path``;
-    returns the PEFT model."""
-    cfg = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM", **lora)
-    model = get_peft_model(copy.deepcopy(base), cfg)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_" in name:
-                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
-    model.save_pretrained(str(path))
-    return model.eval()
+    """A LoRA adapter with non-zero A and B on a copy of ``base``, saved to ``path``."""
+    return trained_adapter(base, path, seed, rank=4, scale=0.1, weights="lora_", **lora)
 
 
 def _ids(policy) -> list[int]:

@@ -22,6 +22,8 @@ from clawrl.engine.vllm import VLLMEngine
 from clawrl.errors import EngineUnavailableError
 from clawrl.trainer import Trainer, TrainSample, collate, token_logprobs
 
+from .conftest import trained_adapter
+
 pytestmark = pytest.mark.timeout(900)
 
 SERVED_LOGPROB_TOLERANCE = 1e-3
@@ -34,9 +36,12 @@ def _prompt(tokenizer, text: str = "What is 2+2?") -> list[int]:
     )
 
 
-def _adapters(vllm_server) -> list[str]:
+def _adapters(vllm_server, engine) -> list[str]:
+    """The adapters of ``engine`` the server lists (the server is shared by the session's
+    tests)."""
     models = httpx.get(f"{vllm_server.url}/v1/models").json()["data"]
-    return sorted(m["id"] for m in models if m.get("parent"))
+    mine = f"clawrl-{engine._run}-"
+    return sorted(m["id"] for m in models if m.get("parent") and m["id"].startswith(mine))
 
 
 def test_published_versions_serve_the_trainers_logprobs(vllm_server, embedded_policy, tmp_path):
@@ -52,7 +57,6 @@ def test_published_versions_serve_the_trainers_logprobs(vllm_server, embedded_po
                                  policy_version=version - 1, turn_id=f"t{version}")  # fmt: skip
             trainer.train_step([sample])
             assert trainer.publish(engine) == version
-            assert engine.load_policy  # the future resolves before the next request
             deadline = time.monotonic() + 60
             while engine.policy_version < version and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -74,7 +78,21 @@ def test_published_versions_serve_the_trainers_logprobs(vllm_server, embedded_po
         assert float(diff) < SERVED_LOGPROB_TOLERANCE
     finally:
         engine.close()
-    assert _adapters(vllm_server) == []  # a closed engine leaves no adapter on the server
+    assert _adapters(vllm_server, engine) == []  # a closed engine leaves no adapter on the server
+
+
+def _trained_adapter(policy, path, seed: int):
+    """A LoRA adapter with non-zero B (a trained one), saved to ``path``; the PEFT model."""
+    return trained_adapter(policy.model, path, seed)
+
+
+def _served_logprobs_of(model, prompt, events, temperature=1.0) -> torch.Tensor:
+    """``model``'s log-probs of the streamed ids: what the version that served them gives."""
+    ids = [e.token_id for e in events]
+    batch = collate([TrainSample(prompt, ids, [e.logprob for e in events], temperature)])
+    with torch.no_grad():
+        lp, _ = token_logprobs(model, batch)
+    return (lp[batch.loss_mask] - torch.tensor([e.logprob for e in events])).abs().max()
 
 
 def test_requests_in_flight_keep_their_version_and_old_adapters_go(
@@ -82,30 +100,37 @@ def test_requests_in_flight_keep_their_version_and_old_adapters_go(
 ):
     tok = embedded_policy.tokenizer
     engine = VLLMEngine([vllm_server.url], tok)
-    trainer = Trainer(embedded_policy.model, TrainerConfig(method="rl", lr=1e-3), tmp_path)
     prompt = _prompt(tok)
+    v1 = _trained_adapter(embedded_policy, tmp_path / "v1", seed=1)
+    _trained_adapter(embedded_policy, tmp_path / "v2", seed=2)
+    # version 0 through a zero copy of an adapter, as `clawrl serve` does (the engine module
+    # docstring: base requests batched with adapter requests can read a stale adapter slot)
+    engine.use_base_adapter(tmp_path / "v1")
 
     async def go():
         stream = engine.generate_stream(prompt, SamplingParams(max_tokens=40, ignore_eos=True))
         first = await stream.__anext__()
-        published = [await asyncio.wrap_future(trainer_publish()) for _ in range(2)]
+        published = [await asyncio.wrap_future(engine.load_policy(v, tmp_path / f"v{v}"))
+                     for v in (1, 2)]  # fmt: skip
         during = await engine.generate(prompt, SamplingParams(max_tokens=2))
         rest = [ev async for ev in stream]
-        return first, rest, published, during
-
-    def trainer_publish():
-        trainer.policy_version = engine.policy_version
-        version = engine.policy_version + 1
-        return engine.load_policy(version, trainer.save_weights(version))
+        return [first, *rest], published, during
 
     try:
-        first, rest, published, during = asyncio.run(go())
+        events, published, during = asyncio.run(go())
         assert published == [1, 2] and during.policy_version == 2
-        assert len(rest) == 39 and {first.policy_version, *(e.policy_version for e in rest)} == {0}
+        assert len(events) == 40 and {e.policy_version for e in events} == {0}
+        # and the tokens really came from v0: the base model's log-probs, not v1's
+        assert float(_served_logprobs_of(embedded_policy.model, prompt, events)) < 1e-3
+        assert float(_served_logprobs_of(v1, prompt, events)) > 1e-2
         deadline = time.monotonic() + 10
-        while len(_adapters(vllm_server)) > 1 and time.monotonic() < deadline:
+        while len(_adapters(vllm_server, engine)) > 2 and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert _adapters(vllm_server) == [f"clawrl-{engine._run}-v2"]  # v1 went once idle
+        # v1 went once idle; the zero base adapter stays while the engine runs
+        assert _adapters(vllm_server, engine) == [
+            f"clawrl-{engine._run}-base",
+            f"clawrl-{engine._run}-v2",
+        ]
     finally:
         engine.close()
 
@@ -133,6 +158,8 @@ def test_full_weights_reload_without_aborting(vllm_server, embedded_policy, tmp_
     try:
         first, rest, after = asyncio.run(go())
         assert len(rest) == 29 and {first.policy_version, *(e.policy_version for e in rest)} == {0}
+        # the whole stream came from the old weights: no reload under a request in flight
+        assert float(_served_logprobs_of(embedded_policy.model, prompt, [first, *rest], 0.7)) < 1e-3
         assert after.policy_version == 1
         batch = collate([TrainSample(prompt, after.token_ids, after.logprobs, 0.7)])
         with torch.no_grad():

@@ -16,7 +16,7 @@ import pytest
 from clawrl.engine import FinishReason, SamplingParams
 from clawrl.engine.vllm import protocol
 from clawrl.engine.vllm.checks import check_logprobs_mode, local_probe_hash, probe_ids
-from clawrl.errors import ContextLengthError, EngineError
+from clawrl.errors import ContextLengthError, EngineError, EngineUnavailableError
 
 
 def _chunk(**choice):
@@ -47,7 +47,8 @@ def test_a_choice_is_parsed_in_ids_with_alternatives_by_id():
     assert c.top_logprobs == [[(5, -0.5), (9, -1.5)], [(6, -0.25)]]
     assert c.finish_reason == FinishReason.STOP and c.stop_string == "END"
     assert c.prompt_token_ids == [1, 2]
-    assert protocol.parse_choice(_chunk(finish_reason="abort")).finish_reason == "aborted"
+    with pytest.raises(EngineUnavailableError, match="aborted"):  # never a (shorter) turn
+        protocol.parse_choice(_chunk(finish_reason="abort"))
 
 
 @pytest.mark.parametrize(
@@ -55,7 +56,10 @@ def test_a_choice_is_parsed_in_ids_with_alternatives_by_id():
     [
         (_chunk(text="Hi", logprobs={"token_logprobs": [-1.0]}), "without its token ids"),
         (_chunk(token_ids=[1, 2], logprobs={"token_logprobs": [-1.0]}), "2 token ids with 1"),
-        (_chunk(token_ids=[1], logprobs={"token_logprobs": [None]}), "1 token ids with 1"),
+        (_chunk(token_ids=[1], logprobs={"token_logprobs": [None]}), "not numbers <= 0"),
+        (_chunk(token_ids=[1], logprobs={"token_logprobs": [0.5]}), "not numbers <= 0"),
+        (_chunk(token_ids=["a"], logprobs={"token_logprobs": [-1.0]}), "not a list of ids"),
+        ({"choices": [None]}, "exactly one choice"),
         (_chunk(token_ids=[1]), "1 token ids with 0"),
         ({"choices": []}, "exactly one choice"),
         (_chunk(token_ids=[], finish_reason="weird"), "unknown reason"),
@@ -111,10 +115,35 @@ def test_a_server_with_raw_logprobs_is_refused():
 
     asyncio.run(go({1.0: -0.7, 2.0: -1.1}))  # processed: depends on the temperature
     with pytest.raises(EngineError, match="--logprobs-mode processed_logprobs"):
-        asyncio.run(go({1.0: -0.7, 2.0: -0.7}))
+        asyncio.run(go({1.0: -0.7, 2.0: -0.7}))  # raw
+    with pytest.raises(EngineError, match="logits, not log-probs"):
+        asyncio.run(go({1.0: 7.5, 2.0: 3.7}))  # processed_logits
 
 
-def test_probe_ids_span_the_vocabulary(tokenizer):
+def test_the_probe_hash_tells_tokenizers_apart(tokenizer, tmp_path):
+    from transformers import AutoTokenizer
+
     ids = probe_ids(len(tokenizer))
     assert ids[0] == 0 and ids[-1] == len(tokenizer) - 1 and len(ids) == 256
-    assert local_probe_hash(tokenizer) == local_probe_hash(tokenizer)
+    tokenizer.save_pretrained(str(tmp_path / "same"))
+    same = AutoTokenizer.from_pretrained(str(tmp_path / "same"))
+    assert local_probe_hash(same) == local_probe_hash(tokenizer)  # the same tokenizer reloaded
+    other = AutoTokenizer.from_pretrained(str(tmp_path / "same"))
+    other.add_tokens(["Hello,"])  # one more piece: "Hello, world!" splits differently
+    assert local_probe_hash(other) != local_probe_hash(tokenizer)
+
+
+@pytest.mark.parametrize(
+    ("error", "raised"),
+    [
+        ({"message": "EngineCore encountered an issue", "code": 500}, EngineUnavailableError),
+        ({"message": "bad request", "code": 400}, EngineError),
+        ({"message": "no code"}, EngineError),
+        ("a bare string", EngineError),
+    ],
+)
+def test_an_error_event_in_a_stream_maps_by_its_code(error, raised):
+    with pytest.raises(raised, match="vLLM stream error") as info:
+        protocol.raise_stream_error(error)
+    if raised is EngineError:  # not the subclass: a 4xx is not worth a retry
+        assert not isinstance(info.value, EngineUnavailableError)

@@ -150,6 +150,12 @@ def test_models_and_healthz(tiny_server):
     assert health == {"status": "ok", "model": "tiny", "policy_version": 0}
     r = httpx.get(f"{tiny_server.url}/v1/models/other")
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    tiny_server.engine.available = False  # an engine that can serve nothing (vLLM replicas down)
+    try:
+        down = httpx.get(f"{tiny_server.url}/healthz")
+    finally:
+        del tiny_server.engine.available
+    assert down.status_code == 503 and down.json()["status"] == "unavailable"
 
 
 def test_metrics_exposition(tiny_server):

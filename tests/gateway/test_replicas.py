@@ -198,6 +198,9 @@ def test_a_trainer_replica_learns_from_both_and_the_other_serves_its_versions(pg
     b = build_runtime(follows, policy=tiny_policy(seed=7, max_context=1024), store=store_url,
                       model_name="tiny")  # fmt: skip
     assert a.service is not None and b.service is None and b.follows_versions
+    assert b.follower is not None
+    followed: list[int] = []
+    b.follower.listeners.append(lambda r: followed.append(r.version))  # serve prints a line
     servers = [a.serve(), b.serve()]
     try:
         clients = [openai.OpenAI(base_url=s.base_url, api_key="x", max_retries=0) for s in servers]
@@ -223,6 +226,7 @@ def test_a_trainer_replica_learns_from_both_and_the_other_serves_its_versions(pg
             time.sleep(0.2)
         assert a.service.trainer.step >= 1, a.service.status()
         assert b.engine.policy_version >= 1, "replica b never served a published version"
+        assert followed and followed[-1] == b.engine.policy_version
         published = a.store.policy_versions()
         assert published[0].version == 1 and Path(published[0].weights or "").is_dir()
         trained = {tid for tid in recorded_by_b if (s := a.store.get_sample(tid)) is not None

@@ -364,7 +364,9 @@ def test_not_a_database(tmp_path: Path) -> None:
         Store(bad)
 
 
-@pytest.mark.parametrize("url", ["sqlite://x.db", "mysql://u@h/db", "file://x.db"])
+@pytest.mark.parametrize(
+    "url", ["sqlite://x.db", "mysql://u@h/db", "file://x.db", "postgresql:/db", "postgres:u@h/db"]
+)
 def test_a_url_of_another_database_is_refused_not_made_a_directory(tmp_path, monkeypatch, url):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(StoreError, match="postgresql://"):

@@ -8,11 +8,13 @@ not under test here).
 
 from __future__ import annotations
 
+import copy
 import time
 
 import openai
 import pytest
 import torch
+from peft import PeftModel
 
 from clawrl.config import load_config
 from clawrl.judge.types import BackendKind, Hint, HintSelection, Judgment, Score
@@ -29,7 +31,9 @@ async def scripted_judge(inp):
 
 
 @pytest.mark.timeout(900)
-def test_versions_advance_on_vllm_while_serving(vllm_server, embedded_policy, tmp_path):
+def test_versions_advance_on_vllm_while_serving(
+    vllm_server, embedded_policy, _embedded_policy_once, tmp_path
+):
     cfg = load_config(None, [
         'engine.backend="vllm"', f'engine.vllm_urls=["{vllm_server.url}"]',
         'trainer.method="combine"', "trainer.batch_size=2", "trainer.poll_interval_s=0.1",
@@ -76,12 +80,15 @@ def test_versions_advance_on_vllm_while_serving(vllm_server, embedded_policy, tm
                    key=lambda t: t.created_at)  # fmt: skip
     assert [t.policy_version for t in turns] == sorted(t.policy_version for t in turns)
     assert turns[-1].policy_version == engine.policy_version >= 2
-    # the served version's log-probs are the trainer's: the last turn, scored by the trainer
+    # the served version's log-probs are the trainer's: the last turn, scored by the adapter
+    # the trainer published as that version (the trainer may have stepped on since)
     last = turns[-1]
+    published = tmp_path / "policies" / f"v{last.policy_version}"
+    model = PeftModel.from_pretrained(copy.deepcopy(_embedded_policy_once.model), str(published))
     batch = collate([TrainSample(last.prompt_ids, last.completion_ids, last.sampling_logprobs,
                                  temperature=0.7)])  # fmt: skip
     with torch.no_grad():
-        trained, _ = token_logprobs(service.trainer.model.eval(), batch)
+        trained, _ = token_logprobs(model.eval(), batch)
     diff = (trained[batch.loss_mask] - torch.tensor(last.sampling_logprobs)).abs().max()
     assert float(diff) < 1e-3, float(diff)
     runtime.close()

@@ -231,6 +231,12 @@ def apply_flags(
             engine[key] = list(values)
     if getattr(args, "vllm_python", None):
         engine["vllm_python"] = args.vllm_python
+    vllm_flags = [f"--{f.replace('_', '-')}" for f in ("vllm_url", "vllm_arg", "vllm_python")
+                  if getattr(args, f, None)]  # fmt: skip
+    if vllm_flags and engine.get("backend", "vllm") != "vllm":
+        verb = "needs" if len(vllm_flags) == 1 else "need"
+        raise ConfigError(f"{', '.join(vllm_flags)} {verb} the vLLM engine, but the engine is "
+                          f"{engine['backend']!r} (--engine vllm, or drop them)")  # fmt: skip
     if (engine.get("vllm_urls") or engine.get("vllm_args")) and "backend" not in engine:
         engine["backend"] = "vllm"
     judge = data.setdefault("judge", {})

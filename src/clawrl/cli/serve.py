@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from clawrl.cli.common import STORE_HELP, add_config_options, quiet_transformers
@@ -204,8 +205,22 @@ def run(args: argparse.Namespace) -> int:
     err = Console(stderr=True)
     spec, method = cfg.model.spec, cfg.trainer.method
     in_process = method.trains and not cfg.server.external_trainer
-    with err.status(f"loading {spec}" + (" and the judge" if in_process else "")):
-        runtime = build_runtime(cfg, model_name=args.served_model_name, api_key=api_key)
+    loading = f"loading {spec}" + (" and the judge" if in_process else "")
+    if cfg.engine.backend == "vllm" and not cfg.engine.vllm_urls:
+        log_path = Path(cfg.trainer.output_dir) / "vllm" / "vllm-server.log"
+        print(f"launching a vLLM server for {spec} (1-3 min on a CPU; its log: {log_path})",
+              flush=True)  # fmt: skip
+        loading += " and launching vLLM"
+
+    def terminate(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)  # unwinds build_runtime: a launched server is stopped
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        with err.status(loading):
+            runtime = build_runtime(cfg, model_name=args.served_model_name, api_key=api_key)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     try:
         name = runtime.model_name
         if runtime.service is not None:

@@ -211,15 +211,29 @@ def _noop(event: str, info: dict[str, Any]) -> None:
 
 
 DEMO_METHODS: dict[str, dict[str, Any]] = {
-    "combine": {"kind": "combine", "advantage": {"w_rl": 0.25, "w_opd": 1.0}},
+    "combine": {
+        "kind": "combine",
+        "advantage": {"w_rl": 0.25, "w_opd": 1.0},
+        "hint_placement": "system",
+    },
+    "opd": {"kind": "opd", "hint_placement": "system"},
 }
 """The demo's method tables where they differ from the shorthand's (``--config`` with a table of
-the same kind replaces them). Combined's ``w_rl = 0.25`` was chosen with ``--validation`` on the
-student scenario (seed 0, 8 steps, 32 problems from the training split): validation score 0.422
--> 0.555 with ``w_rl = 0.25`` against 0.422 -> 0.461 with ``w_rl = 1.0``. The simulated user
-complains about nearly every first answer, so the judge's reward is -1 on almost every sample: a
-uniform push away from whatever was sampled, which at weight 1 outweighs the OPD term's
-per-token direction. ``clawrl serve --method combine`` keeps OpenClaw-RL's ``w_rl = 1.0``."""
+the same kind replaces them), chosen with ``--validation`` (32 problems of the training split,
+seed 0, never the held-out problems):
+
+- Combined's ``w_rl = 0.25``: validation score 0.422 -> 0.555 at 8 steps against 0.422 -> 0.461
+  with ``w_rl = 1.0``. The simulated user complains about nearly every first answer, so the
+  judge's reward is -1 on almost every sample: a uniform push away from whatever was sampled,
+  which at weight 1 outweighs the OPD term's per-token direction.
+- ``hint_placement = "system"`` for OPD and Combined: with the hint appended to the user's
+  message the teacher scores the end of the answer lower (OPD advantage at EOS -0.146 +- 0.077
+  vs +0.024 +- 0.054 with the hint in the system message, 22 hinted turns), so training stopped
+  the policy from ending its answers: sampled answers grew from 142 to 227 tokens and the
+  looping-answer guard rose 16 % -> 28 % (T = 1.0) and 16 % -> 47 % (T = 0.7) in 16 steps. With
+  the hint in the system message the guard fell (16 % -> 6 % at T = 0.7).
+
+``clawrl serve --method combine`` keeps OpenClaw-RL's ``w_rl = 1.0`` and hint placement."""
 
 
 def method_config(

@@ -1,9 +1,10 @@
-"""Checks every engine backend makes on its inputs before any work: the same errors for the
-same bad input, whichever engine serves (the contract suite relies on it)."""
+"""What every engine backend checks or derives the same way: the same errors for the same bad
+input, and the same stop ids, whichever engine serves (the contract suite relies on it)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from clawrl.errors import ContextLengthError, EngineError
 
@@ -59,3 +60,16 @@ def next_token_prompts(prompts: Sequence[Sequence[int]], max_context: int) -> li
             raise ContextLengthError(len(ids) + 1, max_context)
         out.append(ids)
     return out
+
+
+def policy_eos_ids(policy: Any) -> frozenset[int]:
+    """The ids that end a completion for ``policy``: its tokenizer's EOS and its generation
+    config's (a chat model often ends turns with a second id, e.g. ``<|im_end|>``); vLLM stops
+    on both, so every backend must declare both."""
+    eos = {policy.tokenizer.eos_token_id}
+    gen_eos = getattr(getattr(policy.model, "generation_config", None), "eos_token_id", None)
+    if isinstance(gen_eos, int):
+        eos.add(gen_eos)
+    elif isinstance(gen_eos, list):
+        eos.update(gen_eos)
+    return frozenset(int(i) for i in eos if i is not None)

@@ -16,9 +16,10 @@ layer is merged), so each version is merged onto the exact base: nothing drifts 
 and scoring with the base weights (the OPD ``teacher = "base"`` option) substitutes them for one
 forward pass without copying (:func:`torch.func.functional_call`).
 
-Only plain LoRA is merged here: an adapter with DoRA, ``fan_in_fan_out``, bias training,
-``modules_to_save``, per-module rank or alpha patterns, or layers other than ``nn.Linear`` raises
-:class:`UnsupportedAdapter`, and the engine serves it through PEFT instead.
+Only plain LoRA on float32 weights is merged here: an adapter with DoRA, ``fan_in_fan_out``,
+bias training, ``modules_to_save``, per-module rank or alpha patterns, layers other than
+``nn.Linear``, bf16 / fp16 weights (a small ΔW would round away) or a layer tied to the input
+embeddings raises :class:`UnsupportedAdapter`, and the engine serves it through PEFT instead.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -115,6 +117,9 @@ class MergedLora:
                 (checked before any weight changes).
         """
         modules = dict(self.model.named_modules())
+        get_embed: Any = getattr(self.model, "get_input_embeddings", None)
+        embed = get_embed() if callable(get_embed) else None
+        tied = getattr(embed, "weight", None)
         for name, delta in deltas.items():
             layer = modules.get(name)
             if not isinstance(layer, torch.nn.Linear):
@@ -124,13 +129,17 @@ class MergedLora:
                     f"adapter module {name!r}: ΔW {tuple(delta.shape)} vs weight "
                     f"{tuple(layer.weight.shape)}"
                 )
+            if layer.weight.dtype != torch.float32:  # ΔW would round away in bf16 / fp16
+                raise UnsupportedAdapter(f"adapter module {name!r}: {layer.weight.dtype} weights")
+            if tied is not None and layer.weight is tied:  # merging would change the embeddings
+                raise UnsupportedAdapter(f"adapter module {name!r} shares the input embeddings")
         with torch.no_grad():
             for name, delta in deltas.items():
                 weight = modules[name].weight  # type: ignore[union-attr]
                 key = f"{name}.weight"
                 if key not in self._base:
                     self._base[key] = weight.detach().clone()
-                weight.copy_(self._base[key] + delta.to(weight.dtype))
+                weight.copy_(self._base[key] + delta.to(weight.device, weight.dtype))
             for key, base in self._base.items():  # layers this version does not touch
                 if key.removesuffix(".weight") not in deltas:
                     self.model.get_parameter(key).copy_(base)

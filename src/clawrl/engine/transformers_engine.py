@@ -134,13 +134,7 @@ class TransformersEngine:
     def from_policy(cls, policy: Any, **kwargs: Any) -> TransformersEngine:
         """Build an engine from a :class:`clawrl.models.Policy` (tokenizer gives EOS ids)."""
         tok = policy.tokenizer
-        eos = {tok.eos_token_id}
-        gen_eos = getattr(getattr(policy.model, "generation_config", None), "eos_token_id", None)
-        if isinstance(gen_eos, int):
-            eos.add(gen_eos)
-        elif isinstance(gen_eos, list):
-            eos.update(gen_eos)
-        eos.discard(None)
+        eos = inputs.policy_eos_ids(policy)
         kwargs.setdefault("max_context", policy.max_context)
         kwargs.setdefault("decode_text", lambda ids: tok.decode(ids, skip_special_tokens=False))
         if "tokenizer_id" not in kwargs:

@@ -1,6 +1,7 @@
 """clawrl's own routes: health, metrics, ending sessions and explicit feedback.
 
-* ``GET /healthz`` — ``{"status": "ok", "model", "policy_version"}`` (no auth).
+* ``GET /healthz`` — ``{"status": "ok", "model", "policy_version"}`` (no auth); 503 with
+  ``"status": "unavailable"`` while the engine can serve nothing.
 * ``GET`` / ``HEAD /api/hello`` — ``{"status": "ok"}``: Claude Code's connectivity preflight
   (2.1.x sends ``HEAD /api/hello`` to its base URL before the first call); no auth, like
   ``/healthz``.
@@ -18,7 +19,7 @@ from typing import Any
 
 import anyio.to_thread
 from fastapi import APIRouter, Request
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from clawrl.errors import ClientInputError
@@ -32,15 +33,20 @@ def _gw(request: Request) -> GatewayState:
     return request.app.state.gateway
 
 
-@router.get("/healthz")
-async def healthz(request: Request) -> dict[str, Any]:
-    """Liveness: the served model and the policy version."""
+@router.get("/healthz", response_model=None)
+async def healthz(request: Request) -> dict[str, Any] | JSONResponse:
+    """Health: the served model and the policy version; HTTP 503 with ``"status":
+    "unavailable"`` while the engine can serve nothing (every vLLM replica down), so a load
+    balancer sends requests to another replica."""
     gw = _gw(request)
-    return {
+    body = {
         "status": "ok",
         "model": gw.model_name,
         "policy_version": gw.engine.policy_version,
     }
+    if not getattr(gw.engine, "available", True):
+        return JSONResponse({**body, "status": "unavailable"}, status_code=503)
+    return body
 
 
 @router.api_route("/api/hello", methods=["GET", "HEAD"])

@@ -171,6 +171,12 @@ def open_database(
     """
     scheme = URL_SCHEME.match(str(target))
     if scheme is None:
+        head = str(target).split(":", 1)[0].lower()
+        if ":" in str(target) and head in POSTGRES_SCHEMES:
+            raise StoreError(
+                f"the store {mask_url(str(target))!r} looks like a PostgreSQL URL without '://'; "
+                "write postgresql://USER@HOST:PORT/DB (a file path would be taken literally)"
+            )
         from clawrl.store.sqlite import SQLiteDatabase
 
         return SQLiteDatabase(target, timeout_s=timeout_s, read_only=read_only)

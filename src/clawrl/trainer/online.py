@@ -18,7 +18,9 @@ so no sample is trained twice and none is lost.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -51,6 +53,17 @@ __all__ = ["HINT_TEMPLATE", "SYSTEM_HINT_TEMPLATE", "LearnerState", "OnlineLearn
            "hinted_messages", "published"]  # fmt: skip
 
 log = logging.getLogger(__name__)
+
+
+def _report_publish(version: int, fut: concurrent.futures.Future[int]) -> None:
+    """Log a version the engine refused (e.g. no vLLM replica up): the trainer goes on, and
+    the next step's version replaces it (the engine serves the last version it took)."""
+    if fut.cancelled():
+        return
+    error = fut.exception()
+    if error is not None:
+        log.error("policy v%d was not published to the engine: %s (the next step's version "
+                  "replaces it)", version, error)  # fmt: skip
 
 
 @dataclass
@@ -209,7 +222,9 @@ class OnlineLearner:
             await asyncio.to_thread(
                 self.store.record_samples, trained_records(turn_ids, self.trainer.step, version)
             )
-            self.engine.load_policy(version, weights)
+            self.engine.load_policy(version, weights).add_done_callback(
+                functools.partial(_report_publish, version)
+            )
             record = published(version, weights, self.trainer.step, full=self.config.full_finetune)
             await asyncio.to_thread(self.store.publish_policy_version, record)
             for t in turn_ids:

@@ -91,6 +91,11 @@ async def check_logprobs_mode(client: httpx.AsyncClient, url: str, model: str, b
         out = await _post(client, url, "/v1/completions", body)
         alternatives = out["choices"][0]["logprobs"]["top_logprobs"][0]
         tops.append(max(float(v) for v in alternatives.values()))
+    if max(tops) > 0.0:
+        raise EngineError(
+            f"vLLM at {url} returns logits, not log-probs: start the server with "
+            "--logprobs-mode processed_logprobs"
+        )
     if abs(tops[0] - tops[1]) < 1e-4:
         raise EngineError(
             f"vLLM at {url} returns raw log-probs (the same at temperature 1 and 2): clawrl "

@@ -30,10 +30,17 @@ from typing import Any
 
 from clawrl.engine.sampling import GREEDY_BELOW
 from clawrl.engine.types import FinishReason, SamplingParams
-from clawrl.errors import ContextLengthError, EngineError
+from clawrl.errors import ContextLengthError, EngineError, EngineUnavailableError
 
 TOKEN_ID_PREFIX = "token_id:"
 """How vLLM names an alternative token with ``return_tokens_as_token_ids``."""
+
+NEUTRAL: dict[str, Any] = {
+    "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "min_p": 0.0,
+}  # fmt: skip
+"""Sent with every request: vLLM fills a field a request leaves out from the model's
+``generation_config.json`` (e.g. a repetition penalty or top-k of a Qwen model), which would
+change the distribution sampled from without clawrl knowing."""
 
 
 def completion_body(
@@ -64,6 +71,7 @@ def completion_body(
         "include_stop_str_in_output": True,  # the ids that completed a stop string were sampled
         "ignore_eos": bool(params.ignore_eos),
         "stream": stream,
+        **NEUTRAL,
     }
     if params.stop_token_ids:
         body["stop_token_ids"] = [int(i) for i in params.stop_token_ids]
@@ -88,9 +96,12 @@ def prompt_logprobs_body(
         "prompt": list(prompt_ids) + list(target_ids),
         "max_tokens": 1,
         "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": 0,
         "prompt_logprobs": 0,
         "return_token_ids": True,
         "skip_special_tokens": False,
+        **NEUTRAL,
     }
 
 
@@ -104,6 +115,9 @@ def next_token_body(
         "prompt": list(prompt_ids),
         "max_tokens": 1,
         "temperature": float(temperature),
+        "top_p": 1.0,
+        "top_k": 0,
+        **NEUTRAL,
         "logprobs": 1,
         "logprob_token_ids": [int(c) for c in candidates],
         "return_token_ids": True,
@@ -133,14 +147,22 @@ class ChoiceDelta:
     prompt_token_ids: list[int] | None = None
 
 
-def _finish(reason: str | None) -> FinishReason | None:
+def _finish(reason: Any) -> FinishReason | None:
     if reason is None:
         return None
-    if reason in ("stop", "length", "abort"):
-        return {"stop": FinishReason.STOP, "length": FinishReason.LENGTH}.get(
-            reason, FinishReason.ABORTED
-        )
+    if reason == "stop":
+        return FinishReason.STOP
+    if reason == "length":
+        return FinishReason.LENGTH
+    if reason == "abort":  # the server stopped it (drained, paused, shutting down): not a turn
+        raise EngineUnavailableError("vLLM aborted the request (the server is stopping or paused)")
     raise EngineError(f"vLLM finished a choice for an unknown reason {reason!r}")
+
+
+def _int_list(value: Any, what: str) -> list[int]:
+    if not isinstance(value, list) or not all(isinstance(i, int) for i in value):
+        raise EngineError(f"vLLM sent {what} that are not a list of ids: {_short(value)}")
+    return [int(i) for i in value]
 
 
 def _alternative_id(key: str) -> int:
@@ -160,40 +182,50 @@ def parse_choice(payload: dict[str, Any], *, want_top: int = 0) -> ChoiceDelta:
             up with the ids, or a malformed choice: a turn is never stored shorter than what
             was sampled.
     """
-    choices = payload.get("choices")
+    choices = payload.get("choices") if isinstance(payload, dict) else None
     if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
         raise EngineError(f"vLLM sent a response without exactly one choice: {_short(payload)}")
     ch = choices[0]
-    ids = ch.get("token_ids")
+    finish = _finish(ch.get("finish_reason"))
     text = ch.get("text") or ""
-    if ids is None:
+    if ch.get("token_ids") is None:
         if text:
             raise EngineError("vLLM sent generated text without its token ids (return_token_ids)")
-        ids = []
+        ids: list[int] = []
+    else:
+        ids = _int_list(ch["token_ids"], "token ids")
     lp = ch.get("logprobs") or {}
-    values = lp.get("token_logprobs") or []
-    if len(values) != len(ids) or any(v is None for v in values):
+    values = lp.get("token_logprobs") if isinstance(lp, dict) else None
+    values = values or []
+    if not isinstance(values, list) or len(values) != len(ids):
         raise EngineError(
-            f"vLLM sent {len(ids)} token ids with {len(values)} log-probs: is the server "
-            "answering without logprobs?"
+            f"vLLM sent {len(ids)} token ids with {len(values) if isinstance(values, list) else 0}"
+            " log-probs: is the server answering without logprobs?"
         )
+    if not all(isinstance(v, int | float) and v <= 0.0 for v in values):
+        raise EngineError(f"vLLM sent log-probs that are not numbers <= 0: {_short(values)}")
     top: list[list[tuple[int, float]]] = []
     if want_top:
-        for alternatives in lp.get("top_logprobs") or []:
-            pairs = sorted(
-                ((_alternative_id(k), float(v)) for k, v in (alternatives or {}).items()),
-                key=lambda p: -p[1],
-            )
+        alternatives_list = lp.get("top_logprobs") or []
+        if len(alternatives_list) != len(ids):
+            raise EngineError(f"vLLM sent {len(alternatives_list)} top log-prob lists for "
+                              f"{len(ids)} ids")  # fmt: skip
+        for alternatives in alternatives_list:
+            if not isinstance(alternatives, dict):
+                raise EngineError(f"vLLM sent top log-probs that are not a table: "
+                                  f"{_short(alternatives)}")  # fmt: skip
+            pairs = sorted(((_alternative_id(k), float(v)) for k, v in alternatives.items()),
+                           key=lambda p: -p[1])  # fmt: skip
             top.append(pairs[:want_top])
     stop_reason = ch.get("stop_reason")
     prompt_ids = ch.get("prompt_token_ids")
     return ChoiceDelta(
-        token_ids=[int(i) for i in ids],
+        token_ids=ids,
         logprobs=[float(v) for v in values],
         top_logprobs=top,
-        finish_reason=_finish(ch.get("finish_reason")),
+        finish_reason=finish,
         stop_string=stop_reason if isinstance(stop_reason, str) else None,
-        prompt_token_ids=[int(i) for i in prompt_ids] if prompt_ids is not None else None,
+        prompt_token_ids=_int_list(prompt_ids, "prompt ids") if prompt_ids is not None else None,
     )
 
 
@@ -252,7 +284,26 @@ def raise_for_error(status: int, text: str, prompt_tokens: int, max_context: int
         message = json.loads(text)["error"]["message"]
     if status == 400 and "maximum context length" in str(message):
         raise ContextLengthError(prompt_tokens, max_context)
+    if status >= 500:  # the server is down or overloaded: the client may retry
+        raise EngineUnavailableError(f"vLLM answered HTTP {status}: {_short(message)}")
     raise EngineError(f"vLLM answered HTTP {status}: {_short(message)}")
+
+
+def raise_stream_error(error: Any) -> None:
+    """Map an error event inside a vLLM stream (``{"error": {...}}``) to clawrl's errors: a
+    5xx code (e.g. "EngineCore encountered an issue" when the server is going down) is
+    :class:`EngineUnavailableError` (a 503 to the client, who may retry), anything else
+    :class:`EngineError`.
+
+    Raises:
+        EngineUnavailableError: the error carries an HTTP code >= 500.
+        EngineError: any other error.
+    """
+    code = error.get("code") if isinstance(error, dict) else None
+    with contextlib.suppress(TypeError, ValueError):
+        if code is not None and int(code) >= 500:
+            raise EngineUnavailableError(f"vLLM stream error: {_short(error)}")
+    raise EngineError(f"vLLM stream error: {_short(error)}")
 
 
 def _short(value: Any, limit: int = 300) -> str:

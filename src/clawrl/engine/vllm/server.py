@@ -1,4 +1,4 @@
-"""Launching and supervising one vLLM server for ``clawrl serve --engine vllm`` (no ``--vllm-url``).
+"""Launching and stopping one vLLM server for ``clawrl serve --engine vllm`` (no ``--vllm-url``).
 
 clawrl starts ``python -m vllm.entrypoints.openai.api_server`` (vLLM's own OpenAI-compatible
 server) from a Python that has vLLM installed (vLLM pins its own torch and transformers, so it
@@ -27,8 +27,13 @@ import httpx
 
 from clawrl.errors import EngineError
 
-DEFAULT_ARGS: tuple[str, ...] = ("--enforce-eager",)
-"""Added unless ``--vllm-arg`` sets them: eager mode starts in ~40 s on a CPU (compiled: ~300 s)."""
+DEFAULT_ARGS: dict[str, tuple[str, ...]] = {
+    "--enforce-eager": ("--enforce-eager",),
+    "--generation-config": ("--generation-config", "vllm"),
+}
+"""Added unless ``--vllm-arg`` gives the flag: eager mode starts in ~40 s on a CPU (compiled:
+~300 s); ``--generation-config vllm`` keeps the model's ``generation_config.json`` (penalties,
+top-k) out of the sampling, which clawrl sets itself."""
 
 
 def default_vllm_python() -> str | None:
@@ -64,6 +69,8 @@ class VLLMServer:
         python: a Python with vLLM (default :func:`default_vllm_python`).
         run_dir: log file, caches and temporary files go here.
         served_name: the base model's served name.
+        dtype: the weights' dtype (``float32``, ``bfloat16``); default vLLM's choice, which
+            downcasts float32 models (the trainer's log-probs then differ by ~1e-2 nats).
         max_lora_rank: the largest LoRA rank the server accepts (the trainer's ``lora_rank``).
         extra_args: more ``vllm serve`` flags, passed through as given.
         host, port: where it listens (default loopback, a free port).
@@ -80,6 +87,7 @@ class VLLMServer:
         python: str | None = None,
         run_dir: str | Path,
         served_name: str = "base",
+        dtype: str | None = None,
         max_lora_rank: int = 16,
         extra_args: Sequence[str] = (),
         host: str = "127.0.0.1",
@@ -103,12 +111,17 @@ class VLLMServer:
         self.log_path = self.run_dir / "vllm-server.log"
         self.startup_timeout_s = startup_timeout_s
         extra = list(extra_args)
+        given = {a.split("=", 1)[0] for a in extra if a.startswith("--")}
+        defaults = [part for flag, parts in DEFAULT_ARGS.items() if flag not in given
+                    for part in parts]  # fmt: skip
+        if dtype is not None and "--dtype" not in given:
+            defaults += ["--dtype", dtype]
         self.args = [
             "--model", str(self.model_dir), "--served-model-name", served_name,
             "--host", host, "--port", str(self.port),
             "--logprobs-mode", "processed_logprobs",
             "--enable-lora", "--max-lora-rank", str(max_lora_rank), "--max-loras", "4",
-            *[a for a in DEFAULT_ARGS if a not in extra], *extra,
+            *defaults, *extra,
         ]  # fmt: skip
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -148,17 +161,24 @@ class VLLMServer:
             start_new_session=True,  # its own process group: stopped as one, by its id
         )  # fmt: skip
         log.close()
+        try:
+            return self._wait_healthy()
+        except BaseException:  # Ctrl-C or SIGTERM while it starts: no server left behind
+            self.stop(timeout_s=5.0)
+            raise
+
+    def _wait_healthy(self) -> str:
+        assert self.process is not None
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             code = self.process.poll()
-            if code is not None:
+            if code is not None:  # (start() stops what it started, in its process group)
                 raise EngineError(f"the vLLM server exited with status {code} while starting; "
                                   f"{self.log_path}:\n{self.log_tail()}")  # fmt: skip
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
                     return self.url
             time.sleep(1.0)
-        self.stop()
         raise EngineError(f"the vLLM server did not become healthy in {self.startup_timeout_s:.0f}"
                           f" s; {self.log_path}:\n{self.log_tail()}")  # fmt: skip
 
@@ -173,16 +193,17 @@ class VLLMServer:
     def stop(self, timeout_s: float = 30.0) -> None:
         """Stop the server's process group (SIGTERM, then SIGKILL after ``timeout_s``)."""
         proc = self.process
-        if proc is None or proc.poll() is not None:
+        if proc is None:
             return
-        pgid = os.getpgid(proc.pid)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
+        pgid = proc.pid  # start_new_session: the group id is the server's pid
+        if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGKILL)
-            proc.wait(timeout=10)
-        with contextlib.suppress(ProcessLookupError):  # children left in the group
+                os.killpg(pgid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pgid, signal.SIGKILL)
+                proc.wait(timeout=10)
+        with contextlib.suppress(ProcessLookupError):  # children left in the group (EngineCore)
             os.killpg(pgid, signal.SIGKILL)

@@ -1,0 +1,85 @@
+"""clawrl's vLLM launcher without vLLM: a stand-in "python" that never becomes healthy shows
+that whatever ends the start (a timeout, Ctrl-C) stops the whole process group."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+from clawrl.engine.vllm import VLLMServer
+from clawrl.errors import EngineError
+
+STAND_IN = """#!/bin/sh
+# ignores vLLM's arguments; a child in the same process group, like vLLM's EngineCore
+sleep 300 &
+echo $! > "$CHILD_PID_FILE"
+exec sleep 300
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is not running
+        return f.read().split()[2] != "Z"
+
+
+@pytest.fixture
+def stand_in(tmp_path, monkeypatch):
+    exe = tmp_path / "python"
+    exe.write_text(STAND_IN)
+    exe.chmod(0o755)
+    monkeypatch.setenv("CHILD_PID_FILE", str(tmp_path / "child.pid"))
+    (tmp_path / "model").mkdir()
+    return exe, tmp_path
+
+
+def _child(tmp_path) -> int:
+    deadline = time.monotonic() + 10
+    while not (tmp_path / "child.pid").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return int((tmp_path / "child.pid").read_text())
+
+
+def _assert_all_stopped(server, tmp_path) -> None:
+    """The server and the child it started in its process group are gone."""
+    assert server.process is not None and server.process.poll() is not None
+    child = _child(tmp_path)
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child)
+
+
+def test_a_server_that_never_answers_is_stopped_with_its_children(stand_in):
+    exe, tmp = stand_in
+    server = VLLMServer(tmp / "model", python=str(exe), run_dir=tmp / "run", startup_timeout_s=2)
+    with pytest.raises(EngineError, match="did not become healthy"):
+        server.start()
+    _assert_all_stopped(server, tmp)
+
+
+def test_an_interrupt_while_starting_stops_the_server(stand_in):
+    exe, tmp = stand_in
+    server = VLLMServer(tmp / "model", python=str(exe), run_dir=tmp / "run", startup_timeout_s=60)
+    timer = threading.Timer(1.5, lambda: _raise_in_main())
+    main = threading.main_thread().ident
+    assert main == threading.get_ident()
+
+    def _raise_in_main():
+        import ctypes
+
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(main), ctypes.py_object(KeyboardInterrupt)
+        )
+
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        server.start()
+    timer.join()
+    _assert_all_stopped(server, tmp)
