@@ -71,7 +71,9 @@ def test_versions_advance_on_vllm_while_serving(
             model="smol", messages=[{"role": "user", "content": "hi"}], max_tokens=8,
             temperature=0.7, logprobs=True,
         )  # fmt: skip
-        assert after.system_fingerprint.endswith(f"-v{engine.policy_version}")
+        # the version that answered (the trainer may publish another one right after)
+        answered = int(after.system_fingerprint.rsplit("-v", 1)[1])
+        assert 2 <= answered <= engine.policy_version
     finally:
         server.stop()
     counts = store.sample_counts()
@@ -79,7 +81,7 @@ def test_versions_advance_on_vllm_while_serving(
     turns = sorted((t for sid in store.session_ids() for t in store.session_turns(sid)),
                    key=lambda t: t.created_at)  # fmt: skip
     assert [t.policy_version for t in turns] == sorted(t.policy_version for t in turns)
-    assert turns[-1].policy_version == engine.policy_version >= 2
+    assert turns[-1].policy_version == answered >= 2
     # the served version's log-probs are the trainer's: the last turn, scored by the adapter
     # the trainer published as that version (the trainer may have stepped on since)
     last = turns[-1]
