@@ -303,13 +303,13 @@ def build_runtime(
         )
     owned: list[Callable[[], None]] = []
     try:
+        if not isinstance(store, Store):  # first: a bad store URL fails before the model loads
+            store = Store(store if store is not None else config.server.store)
+            owned.append(store.close)
         if policy is None:
             policy = load_policy(spec, dtype=config.model.dtype, device=config.model.device)
         engine = build_engine(policy, config)
         owned.append(engine.close)
-        if not isinstance(store, Store):
-            store = Store(store if store is not None else config.server.store)
-            owned.append(store.close)
         service: OnlineService | None = None
         trainer: Trainer | None = None
         if method.trains and online and not external:

@@ -13,7 +13,7 @@ from clawrl.cli.judge_worker import judgment_line
 from clawrl.cli.options import config_with_flags
 from clawrl.cli.train import torchrun_command
 from clawrl.config import Config
-from clawrl.errors import ConfigError
+from clawrl.errors import ConfigError, StoreError
 from clawrl.runtime import build_runtime
 from clawrl.store import JudgmentRecord
 
@@ -66,3 +66,16 @@ def test_one_line_per_judgment():
     assert "judged turn 9e8d7c6b session 3f2a1b2c: +1, 3 votes, hint, 0.41 s" in line
     none = JudgmentRecord("9e8d7c6b5a", "3f2a1b2c00", None, "worker", reason="timeout")
     assert "no judgment (timeout)" in judgment_line(none)
+
+
+def test_a_bad_store_fails_before_the_model_loads(monkeypatch):
+    """The store is opened first: a typo in --store is reported at once, not after the model
+    (17-32 s on a CPU) has loaded."""
+    import clawrl.models
+
+    def no_load(*a, **k):
+        raise AssertionError("the policy was loaded before the store was opened")
+
+    monkeypatch.setattr(clawrl.models, "load_policy", no_load)
+    with pytest.raises(StoreError, match="PostgreSQL URL without"):
+        build_runtime(Config(), store="postgresql:/db")
