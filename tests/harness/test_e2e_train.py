@@ -8,7 +8,6 @@ trainer trains the tiny random model on the recorded token ids.
 from __future__ import annotations
 
 import itertools
-import json
 import threading
 
 import pytest
@@ -16,10 +15,10 @@ import pytest
 from clawrl.config import TrainerConfig
 from clawrl.gateway import create_app
 from clawrl.gateway.testing import ScriptedEngine
-from clawrl.harness.loop import HarnessRunner, HarnessSettings, evaluate, train
+from clawrl.harness.loop import HarnessRunner, HarnessSettings, eval_row, evaluate, train
 from clawrl.harness.samples import step_samples
 from clawrl.harness.tasks import BUILTIN_TASKS, load_task
-from clawrl.store import Store
+from clawrl.store import GroupDecision, RolloutPurpose, Store
 from clawrl.trainer.trainer import Trainer
 
 
@@ -53,7 +52,7 @@ def test_two_training_steps_through_the_reference_harness(tmp_path, tiny):
     )
     with Store(tmp_path / "s.db") as store:
         app = create_app(engine, tiny.tokenizer, store, model_name="policy")
-        runner = HarnessRunner(app, store, settings, tmp_path / "run")
+        runner = HarnessRunner(app, store, settings)
         try:
             history = train(runner, trainer, engine, [task], steps=2, tasks_per_step=1)
         finally:
@@ -65,20 +64,24 @@ def test_two_training_steps_through_the_reference_harness(tmp_path, tiny):
             assert m["harness/reference/rollouts"] == 2
             assert m["rollout/reward_mean"] == 0.5  # one 1.0, one 0.0 (file missing)
             assert m["samples/trained"] == 4  # 2 rollouts x (command turn + DONE turn)
-        rows = [
-            json.loads(x) for x in (tmp_path / "run" / "rollouts.jsonl").read_text().splitlines()
-        ]
-        assert len(rows) == 4
-        assert {r["isolation"] for r in rows} == {str(runner.isolation)}
-        assert sorted(r["reward"] for r in rows) == [0.0, 0.0, 1.0, 1.0]
+        recorded = store.rollout_results(run_id=runner.run_id)
+        assert len(recorded) == 4
+        assert {r.rollout.isolation for r in recorded} == {str(runner.isolation)}
+        assert sorted(r.reward for r in recorded) == [0.0, 0.0, 1.0, 1.0]
+        assert all(r.verifier is not None and r.verifier.error is None for r in recorded)
+        groups = store.rollout_groups(runner.run_id)
+        assert [(g.step, g.size, g.policy_version, g.purpose) for g in groups] == [
+            (1, 2, 0, RolloutPurpose.TRAIN), (2, 2, 1, RolloutPurpose.TRAIN)
+        ]  # fmt: skip
+        assert all(g.decision is GroupDecision.KEPT and g.reward_mean == 0.5 for g in groups)
+        assert groups[0].label == "create-file-0/reference/1" and groups[0].task_id == task.id
 
         # credit: every sampled token of each rollout is trained exactly once, carrying its
         # rollout's reward, group and episode (the trainer's GRPO turns them into A = +-0.707)
-        rollouts = {r["id"]: r for r in rows}
-        rewards = {rid: r["reward"] for rid, r in rollouts.items()}
+        rewards = {r.rollout.id: r.reward for r in recorded if r.reward is not None}
         built = step_samples(
-            store, rewards, {k: r["group"] for k, r in rollouts.items()},
-            {k: "reference" for k in rollouts},
+            store, rewards, {r.rollout.id: r.group.id for r in recorded},
+            {r.rollout.id: r.harness for r in recorded},
         )  # fmt: skip
         turn_ids = [s.turn_id for s in built.samples]
         assert len(turn_ids) == len(set(turn_ids)) == 8
@@ -99,10 +102,17 @@ def test_eval_reports_pass_at_k(tmp_path, tiny):
     settings = HarnessSettings(harnesses=["reference"], parallel=2)
     with Store(tmp_path / "s.db") as store:
         app = create_app(engine, tiny.tokenizer, store, model_name="policy")
-        runner = HarnessRunner(app, store, settings, tmp_path / "ev")
+        runner = HarnessRunner(app, store, settings)
         try:
             (row,) = evaluate(runner, [task], k=2)
         finally:
             runner.close()
+        (group,) = store.rollout_groups(runner.run_id)
+        assert group.purpose is RolloutPurpose.EVAL and group.step is None and group.size == 2
+        recorded = store.rollout_results(run_id=runner.run_id)
+        assert sorted(r.reward for r in recorded) == [0.0, 1.0]
+        # the table is computed from the store's records: the same records give the same row
+        again = eval_row("reference", recorded, k=2, wall_s=row.wall_s)
+    assert again == row
     assert row.rollouts == 2 and row.verifier_errors == 0
     assert row.pass_at_1 == pytest.approx(0.5) and row.pass_at_k == pytest.approx(1.0)

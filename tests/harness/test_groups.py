@@ -104,3 +104,14 @@ def test_precomputed_advantage_rejects_non_finite():
             PrecomputedAdvantage(),
             AdvantageInputs(loss_mask=mask, rewards=torch.tensor([1.0, float("nan")])),
         )
+
+
+def test_each_group_gets_its_decision():
+    from clawrl.store import GroupDecision
+
+    out = select_groups([("a", "same", 1.0), ("b", "same", 1.0), ("e", "alone", 1.0),
+                         ("f", "ok", 0.0), ("g", "ok", 1.0)])  # fmt: skip
+    assert out.decisions == {
+        "same": GroupDecision.ZERO_VARIANCE, "alone": GroupDecision.TOO_SMALL,
+        "ok": GroupDecision.KEPT,
+    }  # fmt: skip

@@ -8,7 +8,20 @@ import pytest
 
 from clawrl.cli import main
 from clawrl.errors import ConfigError, StoreError
-from clawrl.store import JudgmentRecord, PolicyVersionRecord, Store, TurnRecord, WeightsKind
+from clawrl.store import (
+    GroupDecision,
+    JudgmentRecord,
+    PolicyVersionRecord,
+    RolloutGroupRecord,
+    RolloutPurpose,
+    RolloutRecord,
+    RolloutStatus,
+    SessionSource,
+    Store,
+    TurnRecord,
+    VerifierResultRecord,
+    WeightsKind,
+)
 from clawrl.store.copy import copy_store, table_digest
 from clawrl.store.pgtest import schema_url
 
@@ -24,7 +37,27 @@ def _fill(target: str) -> list[TurnRecord]:
         store.record_judgment(JudgmentRecord(a.id, sid, 1, "head x5", votes=[{"score": 1}]))
         store.publish_policy_version(PolicyVersionRecord(1, WeightsKind.LORA, "/w/v1", 1))
         store.end_session(sid)
+        _fill_rollouts(store)
         return [a, b]
+
+
+def _fill_rollouts(store: Store) -> None:
+    """Two harness rollouts of one group: one rewarded (sub-scores, 0.1 not exact in binary),
+    one whose verifier failed after the harness timed out."""
+    group = RolloutGroupRecord("g1", "run1", "t/ref/1", "t", "ref", RolloutPurpose.TRAIN, 1, 0, 2)
+    store.record_rollout_groups([group])
+    for rid, status in (("r1", RolloutStatus.OK), ("r2", RolloutStatus.VERIFIER_ERROR)):
+        store.get_or_create_session(rid, SessionSource.HARNESS, client="harness:ref")
+        ok = status is RolloutStatus.OK
+        verdict = (VerifierResultRecord(rid, 0.1, scores={"file": 0.1}) if ok
+                   else VerifierResultRecord(rid, None, error="no verdict"))  # fmt: skip
+        store.record_rollout(
+            RolloutRecord(rid, "g1", "bwrap", status, reason=None if ok else "no verdict",
+                          harness_exit=0 if ok else -9, timed_out=not ok, wall_s=1.25,
+                          harness_tail="é✓"),
+            verdict,
+        )  # fmt: skip
+    store.decide_rollout_groups({"g1": (GroupDecision.TOO_SMALL, 0.1)})
 
 
 def test_copy_sqlite_to_postgresql_and_back_is_exact(pg_cluster, tmp_path, capsys) -> None:
@@ -32,18 +65,21 @@ def test_copy_sqlite_to_postgresql_and_back_is_exact(pg_cluster, tmp_path, capsy
     turns = _fill(src)
     assert main(["store", "copy", src, pg]) == 0
     out = capsys.readouterr().out
-    assert "turns                   2" in out and out.count("verified") == 6
+    assert "turns                   2" in out and out.count("verified") == 9
     report = copy_store(pg, back)
     assert {c.table: c.rows for c in report} == {
-        "sessions": 1, "turns": 2, "feedback": 1, "judgments": 1, "samples": 0,
-        "policy_versions": 1,
+        "sessions": 3, "turns": 2, "feedback": 1, "judgments": 1, "samples": 0,
+        "policy_versions": 1, "rollout_groups": 1, "rollouts": 2, "verifier_results": 2,
     }  # fmt: skip
     for a, b in ((src, pg), (src, back)):
         with Store(a, read_only=True) as x, Store(b, read_only=True) as y:
             with x._read() as cx, y._read() as cy:
-                for table in ("sessions", "turns", "feedback", "judgments", "policy_versions"):
+                for table in ("sessions", "turns", "feedback", "judgments", "policy_versions",
+                              "rollout_groups", "rollouts", "verifier_results"):  # fmt: skip
                     assert table_digest(cx, table) == table_digest(cy, table)
             assert [y.get_turn(t.id) for t in turns] == turns  # deltas rebuild on the copy
+            assert y.rollout_results(run_id="run1") == x.rollout_results(run_id="run1")
+            assert [r.reward for r in y.rollout_results(run_id="run1")] == [0.1, None]
     with pytest.raises(StoreError, match="not empty"):
         copy_store(src, pg)
     assert main(["store", "copy", src, back]) == 1
@@ -67,8 +103,9 @@ def test_commands_take_a_postgresql_url(pg_cluster, tmp_path, capsys, monkeypatc
     assert turns[1].id[:8] in capsys.readouterr().out
     out = tmp_path / "t.jsonl"
     assert main(["export", "--store", url, "--out", str(out)]) == 0
-    (line,) = out.read_text().splitlines()
-    assert json.loads(line)["session_id"] == turns[0].session_id
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [x["session_id"] for x in lines] == [turns[0].session_id, "r1", "r2"]
+    assert lines[0]["rollout"] is None and lines[1]["rollout"]["reward"] == 0.1
     monkeypatch.chdir(tmp_path)
     assert main(["sessions", "list", "--store", "mysql://u@h/db"]) == 1
     assert "postgresql://" in capsys.readouterr().err

@@ -11,6 +11,12 @@ from clawrl.errors import StoreError
 from clawrl.store import SCHEMA_VERSION, Store
 from clawrl.store.db import Database, open_database
 from clawrl.store.migrations import MIGRATIONS, Migration, applied_version, migrate
+from clawrl.store.rollouts import (
+    GROUP_FIELDS,
+    ROLLOUT_FIELDS,
+    ROLLOUTS_SCHEMA_VERSION,
+    VERIFIER_FIELDS,
+)
 from clawrl.store.rows import FEEDBACK_FIELDS, SESSION_FIELDS, TURN_FIELDS, turn_to_row
 from clawrl.store.schema import (
     DERIVED_TURN_COLUMNS,
@@ -33,7 +39,7 @@ EXTRA = """CREATE TABLE extra_verdicts (
 
 NEXT = SCHEMA_VERSION + 1
 TABLES = {"schema_migrations", "sessions", "turns", "feedback", "judgments", "samples",
-          "policy_versions", "leases"}  # fmt: skip
+          "policy_versions", "leases", "rollout_groups", "rollouts", "verifier_results"}  # fmt: skip
 
 
 def _build_by_migrations(db: Database, migrations: tuple[Migration, ...]) -> None:
@@ -79,7 +85,8 @@ def test_version_is_last_migration() -> None:
 def test_fresh_and_migrated_stores_have_identical_schema(store_target, open_db) -> None:
     with Store(store_target("fresh")) as store:
         assert store.schema_version == SCHEMA_VERSION
-    for first in (1, 3):  # from version 1, and from the last version before deltas
+    # from version 1, from the last version before deltas, and from the last before rollouts
+    for first in (1, 3, ROLLOUTS_SCHEMA_VERSION - 1):
         old = f"old{first}"
         _build_by_migrations(open_db(old), MIGRATIONS[:first])
         with Store(store_target(old)) as store:
@@ -135,6 +142,39 @@ def test_record_fields_match_columns(store_target) -> None:
         assert set(turn_to_row(TurnRecord("s", [1])).keys()) == set(turns)
         assert table_columns(conn, "sessions", conn.dialect) == list(SESSION_FIELDS)
         assert set(table_columns(conn, "feedback", conn.dialect)) == set(FEEDBACK_FIELDS)
+        assert table_columns(conn, "rollout_groups", conn.dialect) == list(GROUP_FIELDS)
+        assert table_columns(conn, "rollouts", conn.dialect) == list(ROLLOUT_FIELDS)
+        assert table_columns(conn, "verifier_results", conn.dialect) == list(VERIFIER_FIELDS)
+
+
+def test_migrating_to_rollouts_keeps_the_sessions_and_records_rollouts(store_target, open_db):
+    """A store of the version before the rollout tables, with a harness session, migrates to
+    the current version; its session stays and a rollout of it can then be recorded."""
+    from clawrl.store import (
+        RolloutGroupRecord,
+        RolloutPurpose,
+        RolloutRecord,
+        RolloutStatus,
+        SessionSource,
+    )
+
+    db = open_db("old")
+    _build_by_migrations(db, MIGRATIONS[: ROLLOUTS_SCHEMA_VERSION - 1])
+    with db.write() as conn:
+        conn.execute(
+            "INSERT INTO sessions (id, source, created_at, metadata) VALUES (?, ?, ?, ?)",
+            ("r1", SessionSource.HARNESS.value, 1.0, '{"task": "t"}'),
+        )
+        assert not conn.table_exists("rollouts")
+    with Store(store_target("old")) as store:
+        assert store.schema_version == SCHEMA_VERSION >= ROLLOUTS_SCHEMA_VERSION
+        assert store.get_session("r1").metadata == {"task": "t"}
+        assert store.get_rollout("r1") is None
+        group = RolloutGroupRecord("g", "run", "t/h/1", "t", "h", RolloutPurpose.TRAIN, 1, 0, 1)
+        store.record_rollout_groups([group])
+        store.record_rollout(RolloutRecord("r1", "g", "bwrap", RolloutStatus.HARNESS_ERROR,
+                                           reason="no program"), None)  # fmt: skip
+        assert store.get_rollout("r1").rollout.reason == "no program"
 
 
 def test_declaration_matches_a_store_built_from_it(open_db, store_target) -> None:

@@ -330,3 +330,30 @@ def test_empty_and_single() -> None:
     tree = build_tree([only])
     assert tree.session_id == "s" and tree.node(only.id).root_reason is RootReason.FIRST
     check_rows(tree, training_rows(tree))
+
+
+def test_dead_retry_leaves_are_dropped_and_the_live_attempt_keeps_its_credit():
+    p = [1, 2, 3]
+    lost = TurnRecord("s", p, [4], [-0.1], id="lost", created_at=1.0)  # answered, sent again
+    live = TurnRecord("s", p, [4], [-0.1], id="live", created_at=2.0)
+    nxt = TurnRecord("s", [*p, 4, 5], [6], [-0.2], id="next", created_at=3.0)
+    last_a = TurnRecord("s", [*p, 4, 5, 6, 7], [8], [-0.3], id="last-a", created_at=4.0)
+    last_b = TurnRecord("s", [*p, 4, 5, 6, 7], [9], [-0.3], id="last-b", created_at=5.0)
+    # n = 2 choices of one call (one arrival time), and a subagent sending the same prompt
+    choice0 = TurnRecord("s", [7, 7], [1], [-0.1], id="choice0", created_at=6.0)
+    choice1 = TurnRecord("s", [7, 7], [2], [-0.1], id="choice1", created_at=6.0, choice_index=1)
+    sub = TurnRecord("s", p, [4], [-0.1], id="sub", created_at=7.0, client={"agent_id": "a1"})
+    tree = build_tree([lost, live, nxt, last_a, last_b, choice0, choice1, sub])
+    reasons = {i: n.untrainable_reason for i, n in tree.nodes.items()}
+    assert reasons == {
+        "lost": UntrainableReason.ABANDONED_RETRY, "live": None, "next": None,
+        "last-a": UntrainableReason.ABANDONED_RETRY, "last-b": None,  # the last answer retried
+        "choice0": None, "choice1": None, "sub": None,
+    }  # fmt: skip
+    assert tree.node("live").children == ["next"] and not tree.node("lost").children
+    rows = training_rows(tree)
+    trained = [t for r in rows for t in r.trained_turn_ids]
+    assert sorted(trained) == ["choice0", "choice1", "last-b", "live", "next", "sub"]
+    assert {t: r for row in rows for t, r in row.untrained.items()} == {
+        "lost": "abandoned_retry", "last-a": "abandoned_retry"
+    }  # fmt: skip

@@ -176,3 +176,58 @@ def test_ids_and_clients_are_never_read_as_markup(store: Store) -> None:
     Console(file=out, width=200).print(list_sessions_table(store))
     assert "X-Session-Id: [/oops]" in out.getvalue() and "[bold]c" in out.getvalue()
     Console(file=io.StringIO(), width=200).print(format_session(store, "X-Session-Id: [/oops]"))
+
+
+def _harness_rollout(store: Store) -> None:
+    """A harness session whose harness hit its time limit; the verifier still scored 0.25."""
+    from clawrl.store import (
+        GroupDecision,
+        RolloutGroupRecord,
+        RolloutPurpose,
+        RolloutRecord,
+        RolloutStatus,
+        VerifierResultRecord,
+    )
+
+    store.get_or_create_session("roll-1", SessionSource.HARNESS, "harness:reference")
+    store.record_turn(TurnRecord("roll-1", [1, 2], [3], [-0.5], id="turn-r1"))
+    group = RolloutGroupRecord(
+        "grp-1", "run-1", "fix-bug/reference/3", "fix-bug", "reference", RolloutPurpose.TRAIN,
+        step=3, policy_version=2, size=4,
+    )  # fmt: skip
+    store.record_rollout_groups([group])
+    store.record_rollout(
+        RolloutRecord("roll-1", "grp-1", "bwrap", RolloutStatus.OK,
+                      reason="harness killed: time limit (60 s)", harness_exit=-9,
+                      timed_out=True, wall_s=61.5),
+        VerifierResultRecord("roll-1", 0.25, scores={"tests": 0.25}),
+    )  # fmt: skip
+    store.decide_rollout_groups({"grp-1": (GroupDecision.KEPT, 0.5)})
+
+
+def test_a_harness_session_shows_and_exports_its_rollout(store: Store) -> None:
+    _harness_rollout(store)
+    table = _render(list_sessions_table(store))
+    line = next(x for x in table.splitlines() if "roll-1" in x)
+    assert "ok 0.25 timeout" in line
+    assert " - " in next(x for x in table.splitlines() if "sess-1" in x)  # no rollout
+    shown = _render(format_session(store, "roll-1"))
+    assert (
+        "rollout task=fix-bug harness=reference group=fix-bug/reference/3 (train step 3, kept) "
+        "status=ok reward=0.25 timed_out=yes wall=61.5s exit=-9 isolation=bwrap" in shown
+    )
+    assert "reason: harness killed: time limit (60 s)" in shown
+    assert "rollout task=" not in _render(format_session(store, "sess-1"))
+
+    stream = io.StringIO()
+    export_jsonl(store, stream, session_ids=["roll-1", "sess-1"])
+    harness, plain = (json.loads(x) for x in stream.getvalue().splitlines())
+    assert plain["rollout"] is None
+    rollout = harness["rollout"]
+    assert rollout["reward"] == 0.25 and rollout["status"] == "ok" and rollout["timed_out"]
+    assert rollout["task_id"] == "fix-bug" and rollout["harness"] == "reference"
+    assert rollout["reason"] == "harness killed: time limit (60 s)"
+    assert rollout["verifier"] == {"reward": 0.25, "error": None, "scores": {"tests": 0.25}}
+    assert rollout["group"]["label"] == "fix-bug/reference/3"
+    assert rollout["group"]["decision"] == "kept" and rollout["group"]["step"] == 3
+    assert harness["rows"][0]["loss_mask"] == [0, 0, 1]

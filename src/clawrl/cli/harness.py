@@ -42,7 +42,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     t.add_argument("--group-size", type=int, default=4, help="G rollouts per task+harness (4)")
     t.add_argument("--steps", type=int, default=5, help="optimizer steps (5)")
     t.add_argument("--tasks-per-step", type=int, default=4, help="tasks per step (4)")
-    t.add_argument("--out", default="runs/harness", help="output dir (runs/harness)")
+    t.add_argument(
+        "--out",
+        default="runs/harness",
+        help="output dir: store.db (turns, rollouts), metrics, policies (runs/harness)",
+    )
     g = t.add_argument_group(
         "training",
         "The same settings as the online loop (clawrl.config.TrainerConfig); any other: "
@@ -64,7 +68,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     e.add_argument("--run", help="a 'harness train' output dir holding policies/vN")
     e.add_argument("--version", type=int, help="evaluate policy version N of --run")
     e.add_argument("--json", action="store_true", help="print JSON rows")
-    e.add_argument("--out", default="runs/harness-eval", help="rollout records (runs/harness-eval)")
+    e.add_argument(
+        "--out",
+        default="runs/harness-eval",
+        help="output dir; its store.db records the rollouts (runs/harness-eval)",
+    )
     e.set_defaults(func=cmd_eval, split="heldout")
 
 
@@ -159,7 +167,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         cfg, policy=policy, store=out / "store.db", online=False, model_name=policy.name
     )
     assert runtime.trainer is not None  # a grpo method trains
-    runner = HarnessRunner(runtime.app, runtime.store, _settings(args, policy.name), out)
+    runner = HarnessRunner(runtime.app, runtime.store, _settings(args, policy.name))
     writer = MetricsWriter(out, tensorboard=False)
     try:
         history = train(
@@ -181,7 +189,10 @@ def cmd_train(args: argparse.Namespace) -> int:
             f"skipped_zero_var={int(m['group/skipped_zero_variance'])} "
             f"time={m['time/harness_step']:.1f}s"
         )
-    print(f"isolation: {runner.isolation}; total {time.perf_counter() - t0:.1f}s; out: {out}")
+    print(
+        f"isolation: {runner.isolation}; total {time.perf_counter() - t0:.1f}s; out: {out} "
+        f"(rollouts in {out / 'store.db'}, run {runner.run_id})"
+    )
     return 0
 
 
@@ -209,9 +220,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
             runtime.engine.load_policy(args.version, str(weights))
             wait_for_version(runtime.engine, args.version)
             version = args.version
-        runner = HarnessRunner(runtime.app, runtime.store, _settings(args, policy.name), out)
+        runner = HarnessRunner(runtime.app, runtime.store, _settings(args, policy.name))
         try:
-            rows = evaluate(runner, tasks, k=args.k)
+            rows = evaluate(runner, tasks, k=args.k, policy_version=version)
         finally:
             runner.close()
     finally:
@@ -220,5 +231,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(json.dumps([{**r.__dict__, "version": version} for r in rows]))
     else:
         print(format_eval(rows, version))
-        print(f"isolation: {runner.isolation}; tasks: {len(tasks)} ({args.split})")
+        print(f"isolation: {runner.isolation}; tasks: {len(tasks)} ({args.split}); rollouts: "
+              f"{out / 'store.db'} (run {runner.run_id})")  # fmt: skip
     return 0

@@ -14,9 +14,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "sessions",
         help="list recorded sessions or show one as a prefix tree",
-        description="Sessions recorded by the gateway. 'list' shows counts per session; 'show "
-        "ID' prints the session's prefix tree: each turn with its status, tokens, whether it "
-        "is trainable (and why not) and its next state.",
+        description="Sessions recorded by the gateway. 'list' shows counts per session (and a "
+        "harness rollout's status and reward); 'show ID' prints the session's rollout, if it is "
+        "one (task, harness, group, status, reward, time-out, wall time, reason), and its "
+        "prefix tree: each turn with its status, tokens, whether it is trainable (and why not) "
+        "and its next state.",
         epilog="examples: clawrl sessions list --store clawrl.db; clawrl sessions show 3f2a...",
     )
     ssub = p.add_subparsers(dest="sessions_command", metavar="ACTION", required=True)
@@ -35,7 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="export trajectories (token ids, loss masks, log-probs) as JSON lines",
         description="Write one line per session: its training rows (ids, loss mask 1 exactly on "
         "sampled tokens of trainable turns, sampling log-probs), its turns with next states, "
-        "and its feedback (see clawrl.trajectory.export).",
+        "its feedback and, for a harness rollout, the rollout with its verifier result (see "
+        "clawrl.trajectory.export).",
         epilog="example: clawrl export --format jsonl --out trajectories.jsonl",
     )
     e.add_argument("--format", choices=["jsonl"], default="jsonl", help="output format (jsonl)")

@@ -71,6 +71,8 @@ UNTRAINABLE_WORDS: dict[str, str] = {
     "another distribution than the one trained",
     UntrainableReason.UNCLOSED_REASONING: "stopped inside an unclosed <think>",
     UntrainableReason.SIDE_CALL: "a side call (title, compaction, memory): data, never loss",
+    UntrainableReason.ABANDONED_RETRY: "the client sent the same call again later and nothing "
+    "went on from this answer",
 }
 """Every :class:`UntrainableReason` in words (a reason written by other code is shown as stored)."""
 

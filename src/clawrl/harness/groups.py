@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from clawrl.store import GroupDecision
+
 
 @dataclass(frozen=True)
 class GroupSelection:
@@ -27,12 +29,14 @@ class GroupSelection:
         skipped_zero_variance: groups whose rewards were all equal.
         skipped_too_small: groups with fewer than two rewarded rollouts.
         group_means: group key -> mean reward (every group with a reward).
+        decisions: group key -> kept or why not (every group with a reward).
     """
 
     kept: dict[str, float] = field(default_factory=dict)
     skipped_zero_variance: int = 0
     skipped_too_small: int = 0
     group_means: dict[str, float] = field(default_factory=dict)
+    decisions: dict[str, GroupDecision] = field(default_factory=dict)
 
 
 def select_groups(rewards: Sequence[tuple[str, str, float]]) -> GroupSelection:
@@ -42,14 +46,17 @@ def select_groups(rewards: Sequence[tuple[str, str, float]]) -> GroupSelection:
         groups.setdefault(key, []).append((rollout_id, reward))
     kept: dict[str, float] = {}
     means: dict[str, float] = {}
-    zero = small = 0
+    decisions: dict[str, GroupDecision] = {}
     for key, members in groups.items():
         values = [r for _, r in members]
         means[key] = sum(values) / len(values)
         if len(members) < 2:
-            small += 1
+            decisions[key] = GroupDecision.TOO_SMALL
         elif max(values) == min(values):
-            zero += 1
+            decisions[key] = GroupDecision.ZERO_VARIANCE
         else:
+            decisions[key] = GroupDecision.KEPT
             kept.update(members)
-    return GroupSelection(kept, zero, small, means)
+    zero = sum(d is GroupDecision.ZERO_VARIANCE for d in decisions.values())
+    small = sum(d is GroupDecision.TOO_SMALL for d in decisions.values())
+    return GroupSelection(kept, zero, small, means, decisions)

@@ -14,31 +14,32 @@ step:
    the engine (swapped in between requests, as the online loop does), waiting until it serves
    so the next step's rollouts are on-policy.
 
-Rollouts go to ``OUT/rollouts.jsonl``, step metrics (with ``harness/NAME/*`` keys per harness)
-to ``OUT/metrics.jsonl``, policy versions to ``OUT/policies/vN``.
+Rollouts, their verifier results and their groups (with the decision of step 2) go to the store
+(:mod:`clawrl.store.rollouts`; ``clawrl sessions`` shows them, ``clawrl export`` exports them),
+step metrics (with ``harness/NAME/*`` keys per harness) to ``OUT/metrics.jsonl``, policy versions
+to ``OUT/policies/vN``. Evaluation reads the rollouts it ran back from the store.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 from clawrl.engine import Engine
 from clawrl.harness.adapters import Adapter, get_adapter
-from clawrl.harness.groups import select_groups
+from clawrl.harness.groups import GroupSelection, select_groups
 from clawrl.harness.passk import mean_pass_at_k
 from clawrl.harness.rollout import Rollout, RolloutStatus, run_rollout
 from clawrl.harness.samples import step_samples
 from clawrl.harness.sandbox import Isolation, choose_isolation
 from clawrl.harness.tasks import BUILTIN_TASKS, Task
+from clawrl.store import GroupDecision, RolloutGroupRecord, RolloutPurpose, RolloutResult, new_id
 
 log = logging.getLogger(__name__)
 
@@ -69,17 +70,19 @@ class HarnessRunner:
 
     Args:
         app: the gateway app (:attr:`clawrl.runtime.Runtime.app`), recording into ``store``.
-        store: the store the app records into (rollouts' turns are read back from it).
+        store: the store the app records into (rollouts' turns are read back from it, and
+            rollouts, their groups and verifier results are recorded in it).
         settings: see :class:`HarnessSettings`.
-        out_dir: where ``rollouts.jsonl`` goes.
+
+    Attributes:
+        run_id: this run's id (``rollout_groups.run_id`` of every group it runs).
     """
 
-    def __init__(self, app: Any, store: Any, settings: HarnessSettings, out_dir: Path) -> None:
+    def __init__(self, app: Any, store: Any, settings: HarnessSettings) -> None:
         from clawrl.gateway.server import LiveServer
 
         self.store, self.settings = store, settings
-        self.out_dir = Path(out_dir)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.run_id = new_id()
         self.adapters: list[Adapter] = [get_adapter(h) for h in settings.harnesses]
         self.isolation: Isolation = choose_isolation(settings.isolation)
         self.server = LiveServer(app).start()
@@ -90,23 +93,67 @@ class HarnessRunner:
         """Stop the gateway server (the engine and store belong to the caller)."""
         self.server.stop()
 
-    def run(self, jobs: Sequence[tuple[Task, Adapter, str]]) -> list[Rollout]:
-        """Run ``(task, adapter, group_key)`` jobs in parallel; append each to rollouts.jsonl."""
+    def record_groups(
+        self,
+        jobs: Sequence[tuple[Task, Adapter, str]],
+        *,
+        purpose: RolloutPurpose,
+        step: int | None,
+        policy_version: int,
+    ) -> dict[str, str]:
+        """Record one ``rollout_groups`` row per distinct label of ``jobs``; label -> group id."""
+        sizes = Counter(label for *_, label in jobs)
+        firsts = {label: (task, adapter) for task, adapter, label in reversed(jobs)}
+        groups = [
+            RolloutGroupRecord(
+                id=new_id(),
+                run_id=self.run_id,
+                label=label,
+                task_id=firsts[label][0].id,
+                harness=firsts[label][1].name,
+                purpose=purpose,
+                step=step,
+                policy_version=policy_version,
+                size=n,
+            )
+            for label, n in sizes.items()
+        ]
+        self.store.record_rollout_groups(groups)
+        return {g.label: g.id for g in groups}
+
+    def run(
+        self,
+        jobs: Sequence[tuple[Task, Adapter, str]],
+        *,
+        purpose: RolloutPurpose = RolloutPurpose.TRAIN,
+        step: int | None = None,
+        policy_version: int = 0,
+    ) -> list[Rollout]:
+        """Run ``(task, adapter, group_label)`` jobs in parallel, jobs of one label forming one
+        group; each rollout is recorded in the store as it ends (:func:`run_rollout`).
+
+        Args:
+            purpose / step / policy_version: recorded on the groups (see
+                :class:`clawrl.store.RolloutGroupRecord`).
+
+        Raises:
+            StoreError: the store refused a group or a rollout.
+        """
+        group_ids = self.record_groups(
+            jobs, purpose=purpose, step=step, policy_version=policy_version
+        )
 
         def one(job: tuple[Task, Adapter, str]) -> Rollout:
-            task, adapter, group = job
+            task, adapter, label = job
             return run_rollout(
                 task, adapter, store=self.store, gateway=self.gateway,
-                model=self.settings.model_name, isolation=self.isolation, group=group,
-                options=self.settings.options, hidden=[str(BUILTIN_TASKS)],
+                model=self.settings.model_name, isolation=self.isolation,
+                group=group_ids[label], options=self.settings.options,
+                hidden=[str(BUILTIN_TASKS)],
             )  # fmt: skip
 
         with ThreadPoolExecutor(max(1, self.settings.parallel)) as pool:
-            rollouts = list(pool.map(one, jobs))
-        with (self.out_dir / "rollouts.jsonl").open("a") as f:
-            for r in rollouts:
-                f.write(json.dumps(r.to_json()) + "\n")
-        return rollouts
+            return list(pool.map(one, jobs))
 
 
 def harness_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
@@ -121,6 +168,19 @@ def harness_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
             out[f"harness/{name}/status/{status}"] = float(n)
         out[f"harness/{name}/timed_out"] = float(sum(r.timed_out for r in rs))
         out[f"harness/{name}/wall_s_mean"] = sum(r.wall_s for r in rs) / len(rs)
+    return out
+
+
+def group_decisions(
+    selection: GroupSelection, group_ids: Iterable[str]
+) -> dict[str, tuple[GroupDecision, float | None]]:
+    """Per group id of a step: the trainer's decision and the group's mean reward, for
+    :meth:`clawrl.store.Store.decide_rollout_groups`. A group :func:`select_groups` never saw
+    (no rollout with a reward and a trainable turn) is ``too_small`` without a mean."""
+    out: dict[str, tuple[GroupDecision, float | None]] = {}
+    for group_id in group_ids:
+        decision = selection.decisions.get(group_id, GroupDecision.TOO_SMALL)
+        out[group_id] = (decision, selection.group_means.get(group_id))
     return out
 
 
@@ -149,12 +209,15 @@ def train(
         chosen = [tasks[(cursor + i) % len(tasks)] for i in range(min(tasks_per_step, len(tasks)))]
         cursor += len(chosen)
         jobs = [
-            (task, adapter, f"{task.id}/{adapter.name}/{step}")
+            (task, adapter, f"{task.id}/{adapter.name}/{step + 1}")
             for task in chosen
             for adapter in runner.adapters
             for _ in range(runner.settings.group_size)
         ]
-        rollouts = runner.run(jobs)
+        rollouts = runner.run(
+            jobs, purpose=RolloutPurpose.TRAIN, step=step + 1,
+            policy_version=engine.policy_version,
+        )  # fmt: skip
         t_rollouts = time.perf_counter() - t0
         rewarded = [(r.id, r.group, r.reward) for r in rollouts if r.reward is not None]
         groups = {r.id: r.group for r in rollouts}
@@ -167,6 +230,7 @@ def train(
         with_samples = {str(s.meta["rollout"]) for s in built.samples}
         chosen_groups = select_groups([t for t in rewarded if t[0] in with_samples])
         built.samples = [s for s in built.samples if str(s.meta["rollout"]) in chosen_groups.kept]
+        runner.store.decide_rollout_groups(group_decisions(chosen_groups, groups.values()))
         metrics: dict[str, float] = {
             **harness_metrics(rollouts),
             "group/count": float(len(chosen_groups.group_means)),
@@ -221,41 +285,72 @@ class EvalRow:
 
 
 def evaluate(
-    runner: HarnessRunner, tasks: Sequence[Task], *, k: int, pass_threshold: float = 1.0
+    runner: HarnessRunner,
+    tasks: Sequence[Task],
+    *,
+    k: int,
+    pass_threshold: float = 1.0,
+    policy_version: int = 0,
 ) -> list[EvalRow]:
-    """k rollouts per task and harness; unbiased Pass@1 / Pass@k (Chen et al. 2021).
+    """k rollouts per task and harness; unbiased Pass@1 / Pass@k (Chen et al. 2021), computed
+    from the rollouts as recorded in the store (:func:`eval_row`).
 
-    A rollout passes when its reward is at least ``pass_threshold``. Rollouts with a verifier or
-    harness error are excluded from ``n`` (and counted); a task with no valid rollout is left
-    out of the mean.
+    Args:
+        policy_version: the version the engine serves (recorded on the groups).
     """
     rows: list[EvalRow] = []
     for adapter in runner.adapters:
         t0 = time.perf_counter()
         jobs = [(t, adapter, f"eval/{t.id}/{adapter.name}") for t in tasks for _ in range(k)]
-        rollouts = runner.run(jobs)
-        counts = []
-        for task in tasks:
-            valid = [r for r in rollouts if r.task_id == task.id and r.reward is not None]
-            if valid:
-                counts.append((len(valid), sum((r.reward or 0.0) >= pass_threshold for r in valid)))
-        rewards = [r.reward for r in rollouts if r.reward is not None]
-        kk = min([k, *(n for n, _ in counts)]) if counts else k
+        ran = runner.run(jobs, purpose=RolloutPurpose.EVAL, policy_version=policy_version)
+        recorded = runner.store.rollout_results(group_ids={r.group for r in ran})
         rows.append(
-            EvalRow(
-                harness=adapter.name,
-                tasks=len(counts),
-                rollouts=len(rollouts),
-                verifier_errors=sum(r.status is RolloutStatus.VERIFIER_ERROR for r in rollouts),
-                harness_errors=sum(r.status is RolloutStatus.HARNESS_ERROR for r in rollouts),
-                pass_at_1=mean_pass_at_k(counts, 1) if counts else 0.0,
-                pass_at_k=mean_pass_at_k(counts, kk) if counts else 0.0,
-                k=kk,
-                reward_mean=sum(rewards) / len(rewards) if rewards else 0.0,
-                wall_s=time.perf_counter() - t0,
-            )
-        )
+            eval_row(adapter.name, recorded, k=k, pass_threshold=pass_threshold,
+                     wall_s=time.perf_counter() - t0)
+        )  # fmt: skip
     return rows
+
+
+def eval_row(
+    harness: str,
+    results: Sequence[RolloutResult],
+    *,
+    k: int,
+    pass_threshold: float = 1.0,
+    wall_s: float = 0.0,
+) -> EvalRow:
+    """Pass@1 and Pass@k of ``harness`` over recorded rollouts (of one evaluation).
+
+    A rollout passes when its reward is at least ``pass_threshold``. Rollouts without a reward
+    (a verifier or harness error) are left out of each task's ``n`` and counted; a task with no
+    rewarded rollout is left out of the mean; ``k`` is lowered to the smallest ``n`` of a task.
+
+    Args:
+        results: the recorded rollouts (:meth:`clawrl.store.Store.rollout_results`); those of
+            other harnesses are ignored.
+        wall_s: seconds the evaluation took (reported as is).
+    """
+    mine = [r for r in results if r.harness == harness]
+    counts = []
+    for task_id in dict.fromkeys(r.task_id for r in mine):
+        valid = [r.reward for r in mine if r.task_id == task_id and r.reward is not None]
+        if valid:
+            counts.append((len(valid), sum(x >= pass_threshold for x in valid)))
+    rewards = [r.reward for r in mine if r.reward is not None]
+    kk = min([k, *(n for n, _ in counts)]) if counts else k
+    statuses = Counter(r.rollout.status for r in mine)
+    return EvalRow(
+        harness=harness,
+        tasks=len(counts),
+        rollouts=len(mine),
+        verifier_errors=statuses[RolloutStatus.VERIFIER_ERROR],
+        harness_errors=statuses[RolloutStatus.HARNESS_ERROR],
+        pass_at_1=mean_pass_at_k(counts, 1) if counts else 0.0,
+        pass_at_k=mean_pass_at_k(counts, kk) if counts else 0.0,
+        k=kk,
+        reward_mean=sum(rewards) / len(rewards) if rewards else 0.0,
+        wall_s=wall_s,
+    )
 
 
 def format_eval(rows: Sequence[EvalRow], version: int) -> str:

@@ -4,7 +4,10 @@ A rollout's turns are rebuilt into its prefix tree from the store
 (:func:`clawrl.trajectory.load_tree`); :func:`clawrl.trajectory.training_rows` decides which turns
 are trained (each sampled token in exactly one row); each trained turn becomes one sample
 ``prompt_ids -> completion_ids`` (its own sampled tokens only, so environment tokens and context
-copies are never trained).
+copies are never trained). So retries and subagent branches of one rollout share their common
+prefix as context, each sampled token is trained once, failed and dead retry leaves
+(``abandoned_retry``) and side calls (``side_call``: titles, compaction) are counted by reason
+and never trained (:mod:`clawrl.trajectory.tree`; ``tests/harness/test_prefix_credit.py``).
 
 How the rollout's outcome reaches the shared trainer: each sample's ``reward`` holds the
 rollout's verifier reward, ``group_id`` its group and ``episode_id`` the rollout id; the trainer's

@@ -1,5 +1,6 @@
-"""The durable trajectory store: sessions, token-exact turns, feedback, judgments, samples and
-published policy versions, in a SQLite file or a PostgreSQL database.
+"""The durable trajectory store: sessions, token-exact turns, feedback, judgments, samples,
+published policy versions and harness rollouts (groups, rollouts, verifier results), in a SQLite
+file or a PostgreSQL database.
 
 See :class:`Store` for the API and durability, :mod:`clawrl.store.schema` for the one schema
 declaration (both dialects), :mod:`clawrl.store.migrations` for adding tables and columns,
@@ -25,6 +26,15 @@ from clawrl.store.learning import (
     SampleRecord,
     SampleStatus,
 )
+from clawrl.store.rollouts import (
+    GroupDecision,
+    RolloutGroupRecord,
+    RolloutPurpose,
+    RolloutRecord,
+    RolloutResult,
+    RolloutStatus,
+    VerifierResultRecord,
+)
 from clawrl.store.schema import SCHEMA_VERSION
 from clawrl.store.types import (
     ApiProtocol,
@@ -47,8 +57,14 @@ __all__ = [
     "ApiProtocol",
     "DropReason",
     "FeedbackRecord",
+    "GroupDecision",
     "JudgmentRecord",
     "PolicyVersionRecord",
+    "RolloutGroupRecord",
+    "RolloutPurpose",
+    "RolloutRecord",
+    "RolloutResult",
+    "RolloutStatus",
     "SampleRecord",
     "SampleStatus",
     "SessionRecord",
@@ -61,6 +77,7 @@ __all__ = [
     "TurnRecord",
     "TurnStatus",
     "UntrainableReason",
+    "VerifierResultRecord",
     "WeightsKind",
     "canonical_output",
     "decode_floats",

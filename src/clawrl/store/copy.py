@@ -20,7 +20,10 @@ from clawrl.store.core import Store
 from clawrl.store.db import Conn
 from clawrl.store.schema import SCHEMA_VERSION, table_columns
 
-TABLES = ("sessions", "turns", "feedback", "judgments", "samples", "policy_versions")
+TABLES = (
+    "sessions", "turns", "feedback", "judgments", "samples", "policy_versions",
+    "rollout_groups", "rollouts", "verifier_results",
+)  # fmt: skip
 """Every table of the store with data, in an order that keeps references valid (``leases``
 are not copied: they belong to the processes running on the source)."""
 

@@ -1,4 +1,5 @@
-"""The durable trajectory store: sessions, token-exact turns, feedback, judgments and samples.
+"""The durable trajectory store: sessions, token-exact turns, feedback, judgments, samples and
+harness rollouts.
 
 :class:`Store` is one API over two backends (:mod:`clawrl.store.db`): a SQLite file (the
 default: :mod:`clawrl.store.sqlite`) or a PostgreSQL database (``postgresql://...``:
@@ -36,6 +37,7 @@ from clawrl.store.db import Conn, Database, is_url, open_database
 from clawrl.store.learning import LearningQueries
 from clawrl.store.leases import Leases
 from clawrl.store.migrations import applied_version, migrate
+from clawrl.store.rollouts import RolloutQueries
 from clawrl.store.rows import (
     TURN_FIELDS,
     feedback_to_row,
@@ -67,8 +69,9 @@ _IMMUTABLE_TURN_FIELDS = frozenset({"id", "session_id", "created_at", "prompt_id
 _SQL_CHUNK = 500  # bound on host parameters per IN (...) list
 
 
-class Store(LearningQueries, PolicyVersions, Leases):
-    """A durable, thread-safe store of sessions, turns and feedback, in SQLite or PostgreSQL.
+class Store(LearningQueries, PolicyVersions, Leases, RolloutQueries):
+    """A durable, thread-safe store of sessions, turns and feedback (and judgments, samples,
+    policy versions, leases and harness rollouts: the mixins), in SQLite or PostgreSQL.
 
     Use as a context manager (``with Store(target) as store: ...``) or call :meth:`close`.
 

@@ -153,6 +153,45 @@ _V4: tuple[str, ...] = (
 )""",
 )
 
+_V6: tuple[str, ...] = (
+    """CREATE TABLE rollout_groups (
+    id TEXT PRIMARY KEY,
+    run_id TEXT NOT NULL,
+    label TEXT NOT NULL,
+    task_id TEXT NOT NULL,
+    harness TEXT NOT NULL,
+    purpose TEXT NOT NULL,
+    step INTEGER,
+    policy_version INTEGER NOT NULL,
+    size INTEGER NOT NULL CHECK (size >= 1),
+    decision TEXT,
+    reward_mean REAL,
+    created_at REAL NOT NULL
+)""",
+    "CREATE INDEX idx_rollout_groups_run ON rollout_groups (run_id, created_at)",
+    """CREATE TABLE rollouts (
+    id TEXT PRIMARY KEY REFERENCES sessions (id),
+    group_id TEXT NOT NULL REFERENCES rollout_groups (id),
+    isolation TEXT NOT NULL,
+    status TEXT NOT NULL,
+    reason TEXT,
+    harness_exit INTEGER,
+    timed_out INTEGER NOT NULL CHECK (timed_out IN (0, 1)),
+    wall_s REAL NOT NULL,
+    created_at REAL NOT NULL,
+    harness_tail TEXT NOT NULL DEFAULT ''
+)""",
+    "CREATE INDEX idx_rollouts_group ON rollouts (group_id)",
+    """CREATE TABLE verifier_results (
+    rollout_id TEXT PRIMARY KEY REFERENCES rollouts (id),
+    reward REAL,
+    error TEXT,
+    scores TEXT NOT NULL DEFAULT '{}',
+    created_at REAL NOT NULL,
+    CHECK (reward IS NOT NULL OR error IS NOT NULL)
+)""",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema: sessions, turns, feedback", _V1),
     Migration(2, "judge verdicts (judgments) and trainer bookkeeping (samples)", _V2),
@@ -176,6 +215,11 @@ MIGRATIONS: tuple[Migration, ...] = (
     expires_at REAL NOT NULL
 )""",
         ),
+    ),
+    Migration(
+        6,
+        "harness mode: rollout groups, rollouts and verifier results (was rollouts.jsonl)",
+        _V6,
     ),
 )
 """Every schema step in order; ``MIGRATIONS[-1].version == SCHEMA_VERSION``."""

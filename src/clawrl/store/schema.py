@@ -28,6 +28,10 @@ after the first ``messages_prefix_len`` messages it shares with the prefix turn.
 rebuilds the full ids and messages on read, and checks the rebuilt prompt against
 ``prompt_hash`` (sha256 of the full prompt). Rows with ``prefix_len = 0`` (every row written
 before version 4) hold their full prompt.
+
+**Harness rollouts** (version 6, :mod:`clawrl.store.rollouts`): ``rollout_groups`` (one per
+GRPO group, with the trainer's decision), ``rollouts`` (one per harness rollout; its id is the
+rollout's session id) and ``verifier_results`` (the verifier's reward, or its error).
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ class _Executes(Protocol):
     def execute(self, sql: str, params: Any = ...) -> Any: ...
 
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 """Version of :data:`SCHEMA`; equals the last migration's version."""
 
 MIGRATIONS_TABLE = """
@@ -164,6 +168,43 @@ CREATE TABLE feedback (
     name TEXT PRIMARY KEY,
     holder TEXT NOT NULL,
     expires_at REAL NOT NULL
+)""",
+    # harness mode (version 6): rollouts.id is the rollout's session id
+    """CREATE TABLE rollout_groups (
+    id TEXT PRIMARY KEY,
+    run_id TEXT NOT NULL,
+    label TEXT NOT NULL,
+    task_id TEXT NOT NULL,
+    harness TEXT NOT NULL,
+    purpose TEXT NOT NULL,
+    step INTEGER,
+    policy_version INTEGER NOT NULL,
+    size INTEGER NOT NULL CHECK (size >= 1),
+    decision TEXT,
+    reward_mean REAL,
+    created_at REAL NOT NULL
+)""",
+    "CREATE INDEX idx_rollout_groups_run ON rollout_groups (run_id, created_at)",
+    """CREATE TABLE rollouts (
+    id TEXT PRIMARY KEY REFERENCES sessions (id),
+    group_id TEXT NOT NULL REFERENCES rollout_groups (id),
+    isolation TEXT NOT NULL,
+    status TEXT NOT NULL,
+    reason TEXT,
+    harness_exit INTEGER,
+    timed_out INTEGER NOT NULL CHECK (timed_out IN (0, 1)),
+    wall_s REAL NOT NULL,
+    created_at REAL NOT NULL,
+    harness_tail TEXT NOT NULL DEFAULT ''
+)""",
+    "CREATE INDEX idx_rollouts_group ON rollouts (group_id)",
+    """CREATE TABLE verifier_results (
+    rollout_id TEXT PRIMARY KEY REFERENCES rollouts (id),
+    reward REAL,
+    error TEXT,
+    scores TEXT NOT NULL DEFAULT '{}',
+    created_at REAL NOT NULL,
+    CHECK (reward IS NOT NULL OR error IS NOT NULL)
 )""",
 )
 """The current schema, statement by statement (executed in order on a fresh file)."""

@@ -13,7 +13,16 @@ Line format (``format: "clawrl.trajectory"``, ``version`` :data:`EXPORT_VERSION`
                 "next_state": null | {"role", "ids", "messages", "child_turn_id",
                                       "other_child_ids", "feedback", "note"}}],
      "feedback": [{"id", "turn_id", "reward", "comment", "created_at"}],
-     "untrainable": {"untrainable/<reason>": count}}
+     "untrainable": {"untrainable/<reason>": count},
+     "rollout": null | {"id", "task_id", "harness", "status", "reason", "timed_out",
+                        "harness_exit", "wall_s", "isolation", "reward",
+                        "group": {"id", "run_id", "label", "purpose", "step",
+                                  "policy_version", "size", "decision", "reward_mean"},
+                        "verifier": null | {"reward", "error", "scores"}}}
+
+``rollout`` (version 2) is a harness rollout's record (:mod:`clawrl.store.rollouts`): ``reward``
+is the verifier's reward when the rollout is ``ok``, else null; ``verifier`` is null when the
+verifier never ran. Sessions that are no rollout have ``"rollout": null``.
 """
 
 from __future__ import annotations
@@ -25,12 +34,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import IO, Any
 
-from clawrl.store import FeedbackRecord, Store
+from clawrl.store import FeedbackRecord, RolloutResult, Store
 from clawrl.trajectory.next_state import next_state
 from clawrl.trajectory.rows import training_rows
 from clawrl.trajectory.tree import load_tree
 
-EXPORT_VERSION = 1
+EXPORT_VERSION = 2
 
 
 def _feedback(f: FeedbackRecord) -> dict[str, Any]:
@@ -43,6 +52,24 @@ def _feedback(f: FeedbackRecord) -> dict[str, Any]:
     }
 
 
+def rollout_export(result: RolloutResult) -> dict[str, Any]:
+    """The ``rollout`` object of an export line (module docstring)."""
+    r, g, v = result.rollout, result.group, result.verifier
+    return {
+        "id": r.id, "task_id": g.task_id, "harness": g.harness, "status": r.status.value,
+        "reason": r.reason, "timed_out": r.timed_out, "harness_exit": r.harness_exit,
+        "wall_s": r.wall_s, "isolation": r.isolation, "reward": result.reward,
+        "group": {
+            "id": g.id, "run_id": g.run_id, "label": g.label, "purpose": g.purpose.value,
+            "step": g.step, "policy_version": g.policy_version, "size": g.size,
+            "decision": None if g.decision is None else g.decision.value,
+            "reward_mean": g.reward_mean,
+        },
+        "verifier": None if v is None else {"reward": v.reward, "error": v.error,
+                                            "scores": v.scores},
+    }  # fmt: skip
+
+
 def session_export(store: Store, session_id: str) -> dict[str, Any]:
     """One export line's object for ``session_id`` (see the module docstring).
 
@@ -52,6 +79,7 @@ def session_export(store: Store, session_id: str) -> dict[str, Any]:
     tree = load_tree(store, session_id)
     session = store.get_session(session_id)
     assert session is not None  # load_tree raised otherwise
+    rollout = store.get_rollout(session_id)
     turns = []
     for node in tree.nodes.values():
         turn = node.turn
@@ -109,6 +137,7 @@ def session_export(store: Store, session_id: str) -> dict[str, Any]:
         "turns": turns,
         "feedback": [_feedback(f) for f in tree.feedback],
         "untrainable": tree.reason_counts(),
+        "rollout": None if rollout is None else rollout_export(rollout),
     }
 
 

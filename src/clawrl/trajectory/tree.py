@@ -20,6 +20,13 @@ earlier root's prompt *of the same agent* (a retry of a first call) is that root
 shares its segment. Every other node has its root's segment.
 
 Side calls (kind ``side``) are never trained (reason ``side_call``) and never a next state.
+
+Dead retry leaves: a main turn with no child whose exact prompt a *later* call of the same agent
+sent again was retried by its client (the answer was lost, or came too late), and nothing went on
+from it: it is not trained (reason ``abandoned_retry``), so its tokens get no credit for an
+outcome they never led to. The retry that went on, or the last one, keeps its credit; a failed
+attempt keeps its own reason (``error``, ``incomplete``). Choices of one ``n > 1`` call share
+its arrival time and are never each other's retries.
 """
 
 from __future__ import annotations
@@ -269,7 +276,24 @@ def build_tree(
             seq = [*turn.prompt_ids, *turn.completion_ids]
             by_seq.setdefault(ids_digest(seq), []).append(turn)
             lengths.add(len(seq))
+    _drop_abandoned_retries(nodes)
     return SessionTree(session_id, nodes, roots, list(feedback))
+
+
+def _drop_abandoned_retries(nodes: dict[str, TreeNode]) -> None:
+    """Mark dead retry leaves untrainable (``abandoned_retry``; module docstring): leaves of the
+    main kind, trainable so far, whose agent sent the same prompt again later."""
+    latest: dict[tuple[str, str], float] = {}  # (agent, prompt digest) -> latest arrival
+    for node in nodes.values():
+        if node.turn.kind == TurnKind.MAIN:
+            key = (_agent(node.turn), ids_digest(node.turn.prompt_ids))
+            latest[key] = max(latest.get(key, node.turn.created_at), node.turn.created_at)
+    for node in nodes.values():
+        turn = node.turn
+        if node.children or node.untrainable_reason is not None or turn.kind != TurnKind.MAIN:
+            continue
+        if latest[(_agent(turn), ids_digest(turn.prompt_ids))] > turn.created_at:
+            node.untrainable_reason = UntrainableReason.ABANDONED_RETRY
 
 
 def _agent(turn: TurnRecord) -> str:

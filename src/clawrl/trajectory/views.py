@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from clawrl.store import Store
+from clawrl.store import RolloutResult, SessionSource, Store
 from clawrl.trajectory.next_state import NextState, next_state
 from clawrl.trajectory.tree import SessionTree, TreeNode, load_tree
 
@@ -84,9 +84,42 @@ def _label(tree: SessionTree, node: TreeNode) -> Text:
     return label
 
 
+def rollout_cell(result: RolloutResult | None) -> str:
+    """A harness rollout in a few characters for the sessions table: status, reward, and
+    ``timeout`` when the harness hit its time limit (``-``: no rollout)."""
+    if result is None:
+        return "-"
+    parts = [result.rollout.status.value]
+    if result.reward is not None:
+        parts.append(f"{result.reward:.2f}")
+    if result.rollout.timed_out:
+        parts.append("timeout")
+    return " ".join(parts)
+
+
+def rollout_line(result: RolloutResult) -> Text:
+    """A harness rollout in one line: task, harness, group, status, reward, timed out, wall
+    seconds, and the reason when something went wrong."""
+    r, g = result.rollout, result.group
+    reward = "-" if result.reward is None else f"{result.reward:g}"
+    step = "" if g.step is None else f" step {g.step}"
+    decision = "" if g.decision is None else f", {g.decision.value}"
+    line = Text.assemble(
+        ("rollout ", "bold"),
+        f"task={g.task_id} harness={g.harness} group={g.label} ({g.purpose.value}{step}"
+        f"{decision}) status={r.status.value} reward={reward} "
+        f"timed_out={'yes' if r.timed_out else 'no'} wall={r.wall_s:.1f}s "
+        f"exit={'-' if r.harness_exit is None else r.harness_exit} isolation={r.isolation}",
+    )
+    if r.reason:
+        line.append(f"  reason: {r.reason}", style="red")
+    return line
+
+
 def format_session(store: Store, session_id: str) -> RenderableType:
     """The session's prefix tree, one line per turn: id, kind, policy version, status, finish
-    reason, prompt/completion tokens, trainable or why not, next-state role and preview.
+    reason, prompt/completion tokens, trainable or why not, next-state role and preview; a
+    harness rollout's session starts with its rollout (:func:`rollout_line`).
 
     Raises:
         StoreError: unknown session.
@@ -108,6 +141,8 @@ def format_session(store: Store, session_id: str) -> RenderableType:
         + (f"; untrainable: {counts}" if counts else "")
         + (f"; {len(tree.feedback)} feedback" if tree.feedback else "")
     )
+    rollout = store.get_rollout(session_id)
+    lines = [header] if rollout is None else [header, rollout_line(rollout)]
     forest = Tree("turns", guide_style="dim")
     for segment, roots in tree.segments().items():
         branch = forest.add(Text(f"segment {segment}", style="bold magenta"))
@@ -117,7 +152,7 @@ def format_session(store: Store, session_id: str) -> RenderableType:
             node = tree.node(turn_id)
             here = parent_branch.add(_label(tree, node))
             stack.extend((here, c) for c in reversed(tree.ordered_children(turn_id)))
-    return Group(header, summary, forest)
+    return Group(*lines, summary, forest)
 
 
 SHORT_ID = 12
@@ -153,7 +188,8 @@ def list_sessions_table(
     store: Store, limit: int = 50, offset: int = 0, *, width: int | None = None
 ) -> Table:
     """A table of sessions, newest first: id, source, client, created, ended, turns, trainable,
-    side, failed, tokens (prompt/completion), feedback.
+    side, failed, tokens (prompt/completion), feedback, and a harness session's rollout
+    (:func:`rollout_cell`).
 
     Args:
         width: the terminal's width in columns; under :data:`COMPACT_BELOW` the table keeps only
@@ -182,9 +218,12 @@ def list_sessions_table(
         ("failed", "right", True),
         ("tokens p/c", "right", True),
         ("feedback", "right", False),
+        ("rollout", "left", False),
     ]
     shown = [name for name, _, essential in columns if essential or not compact]
     rows = store.list_sessions(limit=limit, offset=offset)
+    harness_ids = [r.session.id for r in rows if r.session.source == SessionSource.HARNESS]
+    rollouts = {x.rollout.id: x for x in store.rollout_results(rollout_ids=harness_ids)}
     ids = _short_ids([r.session.id for r in rows], store.session_ids()) if compact else None
     id_width = max((len(x) for x in (ids or [r.session.id for r in rows])), default=7)
     if compact and width is not None and id_width + _COMPACT_FIXED + 18 > width:
@@ -215,6 +254,7 @@ def list_sessions_table(
             "failed": str(s.failed_turns),
             "tokens p/c": f"{s.prompt_tokens}/{s.completion_tokens}",
             "feedback": str(s.feedback),
+            "rollout": rollout_cell(rollouts.get(s.session.id)),
         }
         # Text cells: a session id or client name is data, never rich markup
         table.add_row(*(Text(cells[name]) for name in shown))
