@@ -23,6 +23,7 @@ from clawrl.config import (
     GRPOMethod,
     OffMethod,
     OPDMethod,
+    PRMOutcomeMethod,
     config_to_toml,
     load_config,
 )
@@ -32,7 +33,7 @@ from clawrl.errors import ConfigError
 @pytest.mark.parametrize(
     ("shorthand", "cls"),
     [("off", OffMethod), ("rl", BinaryRLMethod), ("opd", OPDMethod),
-     ("combine", CombinedMethod), ("grpo", GRPOMethod)],
+     ("combine", CombinedMethod), ("grpo", GRPOMethod), ("prm_outcome", PRMOutcomeMethod)],
 )  # fmt: skip
 def test_shorthands_keep_working(shorthand, cls):
     cfg = load_config(None, [f'trainer.method="{shorthand}"'])
