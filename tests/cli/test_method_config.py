@@ -151,6 +151,24 @@ def test_harness_default_method_keeps_set_settings():
     assert method.loss.kl.beta == 0.0
 
 
+def test_harness_train_chooses_outcome_only_or_prm_plus_outcome():
+    from clawrl.cli import build_parser
+
+    parser = build_parser()
+    outcome = config_with_flags(parser.parse_args(["harness", "train"]), default_method="grpo")
+    assert isinstance(outcome.trainer.method, GRPOMethod)
+    assert not outcome.trainer.method.needs.step_scores
+    args = parser.parse_args(
+        ["harness", "train", "--method", "prm_outcome", "--judge-votes", "3",
+         "--set", "trainer.method.advantage.normalize_std=false"]
+    )  # fmt: skip
+    prm = config_with_flags(args, default_method="grpo")
+    method = prm.trainer.method
+    assert isinstance(method, PRMOutcomeMethod) and method.needs.step_scores
+    assert method.needs.group and not method.advantage.normalize_std
+    assert prm.judge.votes == 3
+
+
 def test_method_flag_contradicting_the_settings_is_refused():
     with pytest.raises(ConfigError, match="contradicts"):
         config_with_flags(_serve_args(["--method", "rl", "--set", 'trainer.method="opd"']))
