@@ -16,7 +16,8 @@ What is built, from :class:`clawrl.config.Config`:
   (``judge``; a local backend gets its own engine over a separate copy of the judge model, so
   training never changes the judge) and the online loop (:class:`~clawrl.trainer.service.
   OnlineService`: judge worker + learner), run by the app's lifespan; with ``online=False``
-  (harness mode): a :class:`~clawrl.trainer.Trainer` the caller steps itself;
+  (harness mode): a :class:`~clawrl.trainer.Trainer` the caller steps itself, and with a method
+  whose samples carry step scores (``prm_outcome``) the judge that scores each turn;
 * without training, or with ``server.external_trainer`` (the judge and the trainer run as their
   own processes): a :class:`~clawrl.gateway.versions.VersionFollower` in the app's lifespan, so
   the gateway serves each policy version the trainer (``clawrl train``, or another replica)
@@ -205,7 +206,8 @@ class Runtime:
         model_name: the served model name.
         service: the online loop (judge worker + learner), or ``None``.
         trainer: harness mode's trainer (``online=False`` with a training method), or ``None``.
-        judge: the judge the online loop uses, or ``None``.
+        judge: the judge the online loop uses, or harness mode's with a method that scores
+            steps (``prm_outcome``), or ``None``.
         dashboard: what ``/dashboard`` reads (the demo sets its ``demo`` view).
         follows_versions: the app's lifespan loads the policy versions another process
             publishes in the store (a replica that does not train: ``clawrl.gateway.versions``).
@@ -268,7 +270,8 @@ def build_runtime(
         store: a store, or its path; default ``config.server.store``. A store passed in is not
             closed by the runtime.
         judge: the judge to use (the demo shares one between methods); default: built from
-            ``config.judge`` when the online loop needs one, and then owned by the runtime.
+            ``config.judge`` when the online loop or a ``prm_outcome`` harness run needs one,
+            and then owned by the runtime.
         model_name: the served name; default: the model spec (a directory's name).
         api_key: the bearer key every route but ``/healthz`` requires (``None``: no auth).
         online: with a training method, run the online loop (True) or give the caller a
@@ -277,9 +280,10 @@ def build_runtime(
             follows the versions they publish.
 
     Raises:
-        ConfigError: the method does not fit the mode (``grpo`` needs harness rollout groups;
-            harness mode trains only ``grpo``), an external trainer without version polling
-            (``server.version_poll_s`` 0), or a part's settings are wrong.
+        ConfigError: the method does not fit the mode (``grpo`` and ``prm_outcome`` need
+            harness rollout groups; harness mode trains only those), an external trainer
+            without version polling (``server.version_poll_s`` 0), or a part's settings are
+            wrong.
         ModelError, JudgeError, StoreError: a part cannot be built (whatever was built before
             it is closed).
     """
@@ -293,7 +297,7 @@ def build_runtime(
         raise ConfigError(
             f"method {method.kind!r} "
             + ("needs rollout groups: use it in harness mode (clawrl harness train)"
-               if online else "cannot train harness rollouts: use grpo or dr_grpo")
+               if online else "cannot train harness rollouts: use grpo, dr_grpo or prm_outcome")
         )  # fmt: skip
     external = config.server.external_trainer and online
     if external and config.server.version_poll_s <= 0:
@@ -326,6 +330,9 @@ def build_runtime(
             from clawrl.trainer import Trainer
 
             trainer = Trainer(policy.model, config.trainer, policy_version=engine.policy_version)
+            if method.needs.step_scores and judge is None:  # PRM + outcome judges each turn
+                judge = build_judge(config)
+                owned.append(judge.close)
         learner = service.trainer if service is not None else trainer
         if learner is not None:
             _serve_base_through_zero_adapter(engine, learner, config)
@@ -346,7 +353,7 @@ def build_runtime(
             store, output_dir=Path(config.trainer.output_dir) if method.trains else None,
             status=service.status if service is not None else None,
             policy_version=lambda: engine.policy_version, title=f"{name} · {method.kind}",
-            judging=service is not None,
+            judging=service is not None or (trainer is not None and method.needs.step_scores),
         ))  # fmt: skip
     except BaseException:
         for closer in reversed(owned):
@@ -355,7 +362,8 @@ def build_runtime(
         raise
     return Runtime(
         config=config, policy=policy, engine=engine, store=store, app=app, model_name=name,
-        service=service, trainer=trainer, judge=judge if service is not None else None,
+        service=service, trainer=trainer,
+        judge=judge if service is not None or method.needs.step_scores else None,
         dashboard=dashboard, follows_versions=follower is not None, follower=follower,
         _owned=owned,
     )  # fmt: skip

@@ -23,6 +23,7 @@ from clawrl.config import (
     GRPOMethod,
     OffMethod,
     OPDMethod,
+    PRMOutcomeMethod,
     config_to_toml,
     load_config,
 )
@@ -32,7 +33,7 @@ from clawrl.errors import ConfigError
 @pytest.mark.parametrize(
     ("shorthand", "cls"),
     [("off", OffMethod), ("rl", BinaryRLMethod), ("opd", OPDMethod),
-     ("combine", CombinedMethod), ("grpo", GRPOMethod)],
+     ("combine", CombinedMethod), ("grpo", GRPOMethod), ("prm_outcome", PRMOutcomeMethod)],
 )  # fmt: skip
 def test_shorthands_keep_working(shorthand, cls):
     cfg = load_config(None, [f'trainer.method="{shorthand}"'])
@@ -148,6 +149,24 @@ def test_harness_default_method_keeps_set_settings():
     method = cfg.trainer.method
     assert isinstance(method, GRPOMethod) and not method.advantage.normalize_std
     assert method.loss.kl.beta == 0.0
+
+
+def test_harness_train_chooses_outcome_only_or_prm_plus_outcome():
+    from clawrl.cli import build_parser
+
+    parser = build_parser()
+    outcome = config_with_flags(parser.parse_args(["harness", "train"]), default_method="grpo")
+    assert isinstance(outcome.trainer.method, GRPOMethod)
+    assert not outcome.trainer.method.needs.step_scores
+    args = parser.parse_args(
+        ["harness", "train", "--method", "prm_outcome", "--judge-votes", "3",
+         "--set", "trainer.method.advantage.normalize_std=false"]
+    )  # fmt: skip
+    prm = config_with_flags(args, default_method="grpo")
+    method = prm.trainer.method
+    assert isinstance(method, PRMOutcomeMethod) and method.needs.step_scores
+    assert method.needs.group and not method.advantage.normalize_std
+    assert prm.judge.votes == 3
 
 
 def test_method_flag_contradicting_the_settings_is_refused():

@@ -93,6 +93,10 @@ def test_two_training_steps_through_the_reference_harness(tmp_path, tiny):
             assert s.episode_id == rid
         versions = {store.get_turn(t).policy_version for t in turn_ids}
         assert versions == {0, 1}  # step 2's rollouts ran on the published version 1
+        # outcome only: nothing is judged, and no step carries a score
+        assert all(store.judgments_for_session(rid) == [] for rid in rewards)
+        assert {s.step_score for s in built.samples} == {None}
+        assert not any(k.startswith("prm/") for m in history for k in m)
 
 
 @pytest.mark.timeout(300)

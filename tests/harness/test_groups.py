@@ -14,6 +14,7 @@ from clawrl.algorithms import (
     compute_advantages,
 )
 from clawrl.harness.groups import select_groups
+from clawrl.store import GroupDecision
 from clawrl.trainer.batch import collate
 from clawrl.trainer.types import TrainSample
 
@@ -26,6 +27,21 @@ def test_groups_without_signal_are_skipped_and_counted():
     assert out.kept == {"f": 0.0, "g": 1.0}
     assert out.skipped_zero_variance == 2 and out.skipped_too_small == 1
     assert out.group_means == {"same": 1.0, "zero": 0.0, "alone": 1.0, "ok": 0.5}
+
+
+def test_prm_outcome_keeps_equal_outcome_groups_whose_step_scores_differ():
+    rewards = [("a", "steps", 0.0), ("b", "steps", 0.0), ("c", "flat", 1.0), ("d", "flat", 1.0),
+               ("e", "ok", 0.0), ("f", "ok", 1.0)]  # fmt: skip
+    # "steps": step 1 scores differ (a +1, b -1); "flat": d's extra step 2 has no partner
+    step_scores = {"a": {0: 1.0, 1: 1.0}, "b": {0: 1.0, 1: -1.0},
+                   "c": {0: 0.0}, "d": {0: 0.0, 2: -1.0}}  # fmt: skip
+    out = select_groups(rewards, step_scores=step_scores)
+    assert set(out.kept) == {"a", "b", "e", "f"}
+    assert out.decisions["steps"] is GroupDecision.KEPT and out.kept_by_step_scores == 1
+    assert out.decisions["flat"] is GroupDecision.ZERO_VARIANCE and out.skipped_zero_variance == 1
+    # outcome only (GRPO): the step scores are not looked at
+    plain = select_groups(rewards)
+    assert set(plain.kept) == {"e", "f"} and plain.kept_by_step_scores == 0
 
 
 def _samples(rollouts):

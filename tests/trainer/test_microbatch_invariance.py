@@ -32,7 +32,8 @@ def policy():
 
 def _samples(method: str) -> list[TrainSample]:
     """Four turns of different prompt and completion lengths (one truncated), with what each
-    method needs: judge rewards, teacher log-probs (hints), or one GRPO group [1, 0, 1, 0]."""
+    method needs: judge rewards, teacher log-probs (hints), one GRPO group [1, 0, 1, 0], or two
+    rollouts of two steps with step scores (PRM + outcome)."""
     gen = torch.Generator().manual_seed(0)
     out = []
     for i, (p, c) in enumerate([(5, 3), (9, 6), (4, 2), (12, 5)]):
@@ -50,10 +51,16 @@ def _samples(method: str) -> list[TrainSample]:
             reward = GRPO_REWARDS[i]
         if method == "precomputed":
             reward = [0.866, -0.866, 0.25, -0.1][i]
+        steps: dict[str, object] = {}
+        if method == "prm_outcome":  # rollouts a (outcome 1) and b (0), two steps each
+            reward = [1.0, 1.0, 0.0, 0.0][i]
+            steps = {"episode_id": "ab"[i // 2], "step_index": i % 2,
+                     "step_score": [-1.0, None, 1.0, -1.0][i]}  # fmt: skip
         out.append(
             TrainSample(
                 prompt, completion, sampling, temperature=[1.0, 0.7, 1.0, 1.3][i],
                 reward=reward, teacher_logprobs=hint, truncated=i == 3, turn_id=f"t{i}",
+                **steps,  # type: ignore[arg-type]
             )
         )  # fmt: skip
     return out
@@ -81,7 +88,7 @@ def _loss_options():
 
 CASES = [
     (kind, loss)
-    for kind in ("rl", "opd", "combine", "grpo", "precomputed")
+    for kind in ("rl", "opd", "combine", "grpo", "prm_outcome", "precomputed")
     for loss in ([{}] if kind not in ("rl", "grpo") else list(_loss_options()))
 ]
 

@@ -10,7 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from clawrl.cli.common import add_config_options
-from clawrl.cli.options import add_method_option, add_trainer_options, config_with_flags
+from clawrl.cli.options import (
+    add_judge_options,
+    add_method_option,
+    add_trainer_options,
+    config_with_flags,
+)
 from clawrl.errors import ConfigError
 
 EPILOG = """\
@@ -20,6 +25,12 @@ examples:
   clawrl harness train --tasks builtin --harness reference --group-size 4 --steps 5 --out runs/h1
   clawrl harness eval --tasks builtin --harness reference --k 4 --run runs/h1 --version 5
   clawrl harness train --tasks builtin --harness reference,mini-swe-agent --steps 2 --out runs/mix
+
+outcome-only vs integrated PRM + outcome, from the same start (same model, tasks, seed):
+  clawrl harness train --method grpo --steps 5 --out runs/outcome
+  clawrl harness train --method prm_outcome --judge head --judge-votes 3 --steps 5 --out runs/prm
+  clawrl harness eval --split heldout --k 4 --run runs/outcome --version 5
+  clawrl harness eval --split heldout --k 4 --run runs/prm --version 5
 """
 
 
@@ -29,7 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="RL through unmodified agent harnesses in a sandbox (tasks with verifiers)",
         description="Run agent harnesses (clawrl's reference agent, mini-swe-agent, Claude Code, "
         "...) in sandboxes on tasks with verifiers, against the gateway; train with GRPO on the "
-        "verifier's reward, or evaluate Pass@1 / Pass@k.",
+        "verifier's reward (or on PRM step scores + that reward), or evaluate Pass@1 / Pass@k.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -54,11 +65,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     add_method_option(
         g,
-        ["grpo", "dr_grpo", "ppo"],
-        "grpo (default): (r - mean) / std over each group's rollouts; dr_grpo: r - mean "
-        "(Dr. GRPO; 'ppo' is its old name)",
+        ["grpo", "dr_grpo", "ppo", "prm_outcome"],
+        "the rewards: outcome only, or integrated PRM + outcome. grpo (default): the "
+        "verifier's outcome r, (r - mean) / std over each group's rollouts; dr_grpo: r - mean "
+        "(Dr. GRPO; 'ppo' is its old name); prm_outcome: the judge (--judge, --judge-votes) "
+        "also scores every turn from its next state (the tool output that followed it) and "
+        "R = step score + r is normalised per (group, step) (OpenClaw-RL); the last turn, "
+        "with no next state, gets r alone. Judgments go to the store; prm/* metrics",
     )
     add_trainer_options(g, batch_size=False)
+    add_judge_options(t)
     add_config_options(t)
     t.set_defaults(func=cmd_train, split="train")
 
@@ -166,13 +182,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     runtime = build_runtime(
         cfg, policy=policy, store=out / "store.db", online=False, model_name=policy.name
     )
-    assert runtime.trainer is not None  # a grpo method trains
+    assert runtime.trainer is not None  # a grpo / prm_outcome method trains
     runner = HarnessRunner(runtime.app, runtime.store, _settings(args, policy.name))
     writer = MetricsWriter(out, tensorboard=False)
+    judge = runtime.judge.judge if runtime.judge is not None else None
     try:
         history = train(
             runner, runtime.trainer, runtime.engine, tasks, steps=args.steps,
-            tasks_per_step=args.tasks_per_step, metrics_writer=writer,
+            tasks_per_step=args.tasks_per_step, metrics_writer=writer, judge=judge,
+            judge_timeout_s=cfg.judge.timeout_s + 30.0,
         )  # fmt: skip
     finally:
         runner.close()
@@ -187,13 +205,26 @@ def cmd_train(args: argparse.Namespace) -> int:
             f"step {i}: version={int(m['policy/version'])} reward={m['rollout/reward_mean']:.3f} "
             f"[{per}] samples={int(m.get('samples/trained', 0))} "
             f"skipped_zero_var={int(m['group/skipped_zero_variance'])} "
-            f"time={m['time/harness_step']:.1f}s"
+            + prm_line(m)
+            + f"time={m['time/harness_step']:.1f}s"
         )
     print(
         f"isolation: {runner.isolation}; total {time.perf_counter() - t0:.1f}s; out: {out} "
         f"(rollouts in {out / 'store.db'}, run {runner.run_id})"
     )
     return 0
+
+
+def prm_line(metrics: dict[str, float]) -> str:
+    """The step line's PRM part (``""`` for an outcome-only run): judged turns, failures and
+    the mean step score."""
+    if "prm/judged_turns" not in metrics:
+        return ""
+    return (
+        f"judged={int(metrics['prm/judged_turns'])} "
+        f"judge_failures={int(metrics['prm/judge_failures'])} "
+        f"step_score={metrics['prm/step_score_mean']:+.2f} "
+    )
 
 
 def cmd_eval(args: argparse.Namespace) -> int:

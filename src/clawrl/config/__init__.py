@@ -36,6 +36,7 @@ from clawrl.config.method import (
     OffMethod,
     OPDMethod,
     PrecomputedMethod,
+    PRMOutcomeMethod,
     SampleNeeds,
     TrainedMethod,
     expand_method,
@@ -57,6 +58,7 @@ __all__ = [
     "ModelConfig",
     "OPDMethod",
     "OffMethod",
+    "PRMOutcomeMethod",
     "PrecomputedMethod",
     "SampleNeeds",
     "SamplingConfig",
@@ -182,7 +184,7 @@ class TrainerConfig(_Section):
     method: MethodConfig = Field(
         default_factory=OffMethod,
         description="The training method (clawrl.config.method): a shorthand (off, rl, opd, "
-        "combine, grpo, dr_grpo, precomputed) or a table with kind, advantage, loss, ...",
+        "combine, grpo, dr_grpo, prm_outcome, precomputed) or a table with kind, advantage, loss, ...",
     )
     batch_size: int = Field(16, ge=1, le=4096, description="Samples per optimizer step.")
     micro_batch_size: int = Field(

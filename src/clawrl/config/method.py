@@ -16,6 +16,8 @@ else chooses by string.
 ``opd``                 hindsight OPD                   a hint (teacher log-probs)
 ``combine``             ``w_rl·r + w_opd·OPD_t``        a score or a hint
 ``grpo``                group-relative (GRPO/Dr. GRPO)  an outcome reward and its group
+``prm_outcome``         PRM step score + outcome,       an outcome reward, its group, its step
+                        normalised per (group, step)    (and the judge's score of the step)
 ``precomputed``         the sample's own advantage      an advantage (``reward`` field)
 ======================  ==============================  =====================================
 
@@ -31,7 +33,8 @@ Written in TOML either as a shorthand string or as a table::
     loss = { eps_high = 0.28, ratio = { kind = "tis", cap = 2.0 }, kl = { beta = 0.0 } }
 
 ``dr_grpo`` is a further shorthand: ``grpo`` with ``advantage.normalize_std = false``
-(``ppo``, harness mode's old name for it, too).
+(``ppo``, harness mode's old name for it, too). ``grpo`` and ``prm_outcome`` train harness
+rollouts only (``clawrl harness train``): outcome-only, or integrated PRM + outcome.
 Importable without torch (the :mod:`clawrl.algorithms` configs are stdlib dataclasses).
 """
 
@@ -50,6 +53,7 @@ from clawrl.algorithms.config import (
     OPDAdvantage,
     PPOClipLoss,
     PrecomputedAdvantage,
+    PRMOutcomeAdvantage,
 )
 
 Teacher = Literal["policy", "base"]
@@ -75,6 +79,9 @@ class SampleNeeds:
         teacher: which weights score the hint-enhanced prompt (``None``: no teacher).
         hint_placement: where the teacher's prompt carries the hint.
         group: samples carry a group id and the episode they belong to (GRPO).
+        step_scores: samples carry their step index within the episode and the judge's score
+            of the step's next state (``None`` when the step has none); harness mode judges
+            each trained turn for it (integrated PRM + outcome).
     """
 
     any_of: tuple[Evidence, ...]
@@ -84,6 +91,7 @@ class SampleNeeds:
     teacher: Teacher | None = None
     hint_placement: HintPlacement = "user"
     group: bool = False
+    step_scores: bool = False
 
 
 class _Section(BaseModel):
@@ -202,6 +210,29 @@ class GRPOMethod(_Trained):
         return SampleNeeds(any_of=("reward",), uses_reward=True, zero_is_reward=True, group=True)
 
 
+class PRMOutcomeMethod(_Trained):
+    """Integrated PRM + outcome over groups (harness mode; OpenClaw-RL, general agents).
+
+    Each trained turn is a step ``s`` of its rollout ``i``; the judge scores the step from its
+    next state (the tool output or message that followed it), and
+    ``R_{i,s} = PRM_{i,s} + outcome_i`` is normalised over the rollouts of the group that have
+    a step ``s`` (:func:`clawrl.algorithms.prm_outcome_advantages`). A step without a score
+    (the rollout's last turn has no next state; a judge failure) keeps ``R_{i,s} = outcome_i``.
+    """
+
+    kind: Literal["prm_outcome"] = "prm_outcome"
+    advantage: PRMOutcomeAdvantage = Field(default_factory=PRMOutcomeAdvantage)
+
+    @property
+    def needs(self) -> SampleNeeds:
+        """An outcome reward, a group, an episode and a step per sample; a step score when the
+        judge gave one."""
+        return SampleNeeds(
+            any_of=("reward",), uses_reward=True, zero_is_reward=True, group=True,
+            step_scores=True,
+        )  # fmt: skip
+
+
 class PrecomputedMethod(_Trained):
     """Each sample's ``reward`` is its advantage, computed elsewhere, broadcast to its tokens."""
 
@@ -214,13 +245,15 @@ class PrecomputedMethod(_Trained):
         return SampleNeeds(any_of=("reward",), uses_reward=True, zero_is_reward=True)
 
 
-TrainedMethod = BinaryRLMethod | OPDMethod | CombinedMethod | GRPOMethod | PrecomputedMethod
+TrainedMethod = (
+    BinaryRLMethod | OPDMethod | CombinedMethod | GRPOMethod | PRMOutcomeMethod | PrecomputedMethod
+)
 """The members that train (everything but ``off``)."""
 
 MethodConfig = Annotated[OffMethod | TrainedMethod, Field(discriminator="kind")]
 """Discriminated union (by ``kind``) of the training methods."""
 
-METHOD_KINDS = ("off", "rl", "opd", "combine", "grpo", "precomputed")
+METHOD_KINDS = ("off", "rl", "opd", "combine", "grpo", "prm_outcome", "precomputed")
 """Every ``kind``, in the order ``--help`` lists them."""
 
 SHORTHANDS: dict[str, dict[str, Any]] = {

@@ -1,5 +1,5 @@
 """Harness mode: sandboxed runs of unmodified agent harnesses on verified tasks, rollout groups,
-GRPO over each rollout's prefix tree, Pass@k evaluation.
+GRPO (or PRM + outcome) over each rollout's prefix tree, Pass@k evaluation.
 
 =================  ==================================================================
 module             does
@@ -11,8 +11,9 @@ module             does
 ``verify``         running verifiers; :class:`clawrl.errors.VerifierError` is never reward 0
 ``adapters``       ``reference`` agent and external harness adapters
 ``rollout``        one rollout: sandbox, harness, verifier, record
-``advantage``      rollout-level group advantages (the credit rule)
-``samples``        rollouts -> trainer samples through the prefix tree
+``groups``         which rollout groups carry a learning signal
+``judging``        PRM step scores: each turn's next state judged and stored (prm_outcome)
+``samples``        rollouts -> trainer samples (with steps) through the prefix tree
 ``passk``          the unbiased Pass@k estimator
 ``loop``           the train / eval loops behind ``clawrl harness``
 =================  ==================================================================

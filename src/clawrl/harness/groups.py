@@ -10,11 +10,16 @@ samples carrying their rollout's reward, group and episode (the rollout id), and
 :class:`~clawrl.config.GRPOMethod` computes ``A_i = (r_i - mean_g r) / (std_g r + eps)`` over the
 *rollouts* of each group (:func:`clawrl.algorithms.grpo_advantages` with ``episode_ids``: a
 rollout counts once, however many turns it trains), or ``r_i - mean_g r`` for Dr. GRPO.
+
+Integrated PRM + outcome (:class:`~clawrl.config.PRMOutcomeMethod`) normalises
+``R_{i,s} = PRM_{i,s} + outcome_i`` per (group, step): a group whose outcomes are all equal still
+has signal when the step scores of some step differ between its rollouts, so with ``step_scores``
+such a group is kept (``group/kept_by_step_scores``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from clawrl.store import GroupDecision
@@ -30,6 +35,7 @@ class GroupSelection:
         skipped_too_small: groups with fewer than two rewarded rollouts.
         group_means: group key -> mean reward (every group with a reward).
         decisions: group key -> kept or why not (every group with a reward).
+        kept_by_step_scores: groups kept only because their step scores vary (equal outcomes).
     """
 
     kept: dict[str, float] = field(default_factory=dict)
@@ -37,26 +43,53 @@ class GroupSelection:
     skipped_too_small: int = 0
     group_means: dict[str, float] = field(default_factory=dict)
     decisions: dict[str, GroupDecision] = field(default_factory=dict)
+    kept_by_step_scores: int = 0
 
 
-def select_groups(rewards: Sequence[tuple[str, str, float]]) -> GroupSelection:
-    """Group ``(rollout_id, group_key, reward)`` triples and keep the groups with signal."""
+def select_groups(
+    rewards: Sequence[tuple[str, str, float]],
+    *,
+    step_scores: Mapping[str, Mapping[int, float]] | None = None,
+) -> GroupSelection:
+    """Group ``(rollout_id, group_key, reward)`` triples and keep the groups with signal.
+
+    Args:
+        rewards: one triple per rewarded rollout.
+        step_scores: integrated PRM + outcome: rollout id -> step index -> its step score (0 for
+            a step without one). A group with equal outcomes is kept when some step's scores
+            differ between the group's rollouts that have it (:func:`steps_vary`); None: outcome
+            variance alone decides (GRPO).
+    """
     groups: dict[str, list[tuple[str, float]]] = {}
     for rollout_id, key, reward in rewards:
         groups.setdefault(key, []).append((rollout_id, reward))
     kept: dict[str, float] = {}
     means: dict[str, float] = {}
     decisions: dict[str, GroupDecision] = {}
+    by_steps = 0
     for key, members in groups.items():
         values = [r for _, r in members]
         means[key] = sum(values) / len(values)
         if len(members) < 2:
             decisions[key] = GroupDecision.TOO_SMALL
-        elif max(values) == min(values):
+        elif max(values) == min(values) and not (
+            step_scores is not None and steps_vary([step_scores.get(r, {}) for r, _ in members])
+        ):
             decisions[key] = GroupDecision.ZERO_VARIANCE
         else:
             decisions[key] = GroupDecision.KEPT
             kept.update(members)
+            by_steps += max(values) == min(values)
     zero = sum(d is GroupDecision.ZERO_VARIANCE for d in decisions.values())
     small = sum(d is GroupDecision.TOO_SMALL for d in decisions.values())
-    return GroupSelection(kept, zero, small, means, decisions)
+    return GroupSelection(kept, zero, small, means, decisions, by_steps)
+
+
+def steps_vary(rollouts: Sequence[Mapping[int, float]]) -> bool:
+    """True when some step index has at least two of ``rollouts`` (step -> score each) with
+    different scores, i.e. a (group, step) cell of PRM + outcome with a non-zero advantage."""
+    cells: dict[int, set[float]] = {}
+    for steps in rollouts:
+        for step, score in steps.items():
+            cells.setdefault(step, set()).add(score)
+    return any(len(scores) > 1 for scores in cells.values())

@@ -8,16 +8,20 @@ step:
    task with each harness (in parallel threads; the engine batches their calls);
 2. keeps the groups with signal (:mod:`clawrl.harness.groups`), counting the others;
 3. rebuilds each kept rollout's prefix tree and turns its trained turns into samples carrying the
-   rollout's reward, group and episode (:mod:`clawrl.harness.samples`);
+   rollout's reward, group, episode and step (:mod:`clawrl.harness.samples`); with integrated
+   PRM + outcome (method ``prm_outcome``) the judge first scores each turn's next state and the
+   judgments are stored (:mod:`clawrl.harness.judging`), each sample carrying its turn's score;
 4. takes one optimizer step with the shared :class:`clawrl.trainer.Trainer` — its GRPO method
-   computes the group-relative advantages over the rollouts — and publishes the new version to
-   the engine (swapped in between requests, as the online loop does), waiting until it serves
-   so the next step's rollouts are on-policy.
+   computes the group-relative advantages over the rollouts (``prm_outcome``: over the
+   (group, step) cells of ``PRM + outcome``) — and publishes the new version to the engine
+   (swapped in between requests, as the online loop does), waiting until it serves so the
+   next step's rollouts are on-policy.
 
 Rollouts, their verifier results and their groups (with the decision of step 2) go to the store
 (:mod:`clawrl.store.rollouts`; ``clawrl sessions`` shows them, ``clawrl export`` exports them),
-step metrics (with ``harness/NAME/*`` keys per harness) to ``OUT/metrics.jsonl``, policy versions
-to ``OUT/policies/vN``. Evaluation reads the rollouts it ran back from the store.
+step metrics (with ``harness/NAME/*`` keys per harness, and ``prm/*`` keys when judging) to
+``OUT/metrics.jsonl``, policy versions to ``OUT/policies/vN``; judgments (``prm_outcome``) go to
+the store's ``judgments`` table. Evaluation reads the rollouts it ran back from the store.
 """
 
 from __future__ import annotations
@@ -32,14 +36,18 @@ from typing import Any
 from urllib.parse import urlparse
 
 from clawrl.engine import Engine
+from clawrl.errors import ConfigError
 from clawrl.harness.adapters import Adapter, get_adapter
 from clawrl.harness.groups import GroupSelection, select_groups
+from clawrl.harness.judging import StepJudge, prm_metrics
 from clawrl.harness.passk import mean_pass_at_k
 from clawrl.harness.rollout import Rollout, RolloutStatus, run_rollout
 from clawrl.harness.samples import step_samples
 from clawrl.harness.sandbox import Isolation, choose_isolation
 from clawrl.harness.tasks import BUILTIN_TASKS, Task
 from clawrl.store import GroupDecision, RolloutGroupRecord, RolloutPurpose, RolloutResult, new_id
+from clawrl.trainer.judge_worker import JudgeFn
+from clawrl.trainer.types import TrainSample
 
 log = logging.getLogger(__name__)
 
@@ -184,6 +192,15 @@ def group_decisions(
     return out
 
 
+def sample_step_scores(samples: Iterable[TrainSample]) -> dict[str, dict[int, float]]:
+    """Rollout id -> step index -> step score (0 for a step without one) of ``samples``, for
+    :func:`clawrl.harness.groups.select_groups`."""
+    out: dict[str, dict[int, float]] = {}
+    for s in samples:
+        out.setdefault(str(s.meta["rollout"]), {})[s.step_index] = s.step_score or 0.0
+    return out
+
+
 def wait_for_version(engine: Engine, version: int, timeout_s: float = 120.0) -> None:
     """Block until ``engine`` serves ``version`` (a published version is swapped in async)."""
     deadline = time.monotonic() + timeout_s
@@ -200,8 +217,50 @@ def train(
     steps: int,
     tasks_per_step: int,
     metrics_writer: Any = None,
+    judge: JudgeFn | None = None,
+    judge_timeout_s: float = 150.0,
 ) -> list[dict[str, float]]:
-    """Run ``steps`` harness RL steps (see the module docstring); returns each step's metrics."""
+    """Run ``steps`` harness RL steps (see the module docstring); returns each step's metrics.
+
+    Args:
+        trainer: a :class:`clawrl.trainer.Trainer` (its method says whether turns are judged:
+            ``needs.step_scores``).
+        judge: ``async (JudgeInput) -> Judgment`` scoring each turn's next state; required by a
+            method with step scores (``prm_outcome``), unused otherwise.
+        judge_timeout_s: the most seconds one judgment may take.
+
+    Raises:
+        ConfigError: the method needs step scores and no judge was given.
+    """
+    judged = bool(trainer.method.needs.step_scores)
+    if judged and judge is None:
+        raise ConfigError(f"method {trainer.method.kind!r} judges each turn: it needs a judge")
+    step_judge = None
+    if judged and judge is not None:
+        step_judge = StepJudge(runner.store, judge, timeout_s=judge_timeout_s,
+                               concurrency=runner.settings.parallel)  # fmt: skip
+    try:
+        return _train_steps(runner, trainer, engine, tasks, steps=steps,
+                            tasks_per_step=tasks_per_step, metrics_writer=metrics_writer,
+                            step_judge=step_judge)  # fmt: skip
+    finally:
+        if step_judge is not None:
+            step_judge.close()
+
+
+def _train_steps(
+    runner: HarnessRunner,
+    trainer: Any,
+    engine: Engine,
+    tasks: Sequence[Task],
+    *,
+    steps: int,
+    tasks_per_step: int,
+    metrics_writer: Any,
+    step_judge: StepJudge | None,
+) -> list[dict[str, float]]:
+    """The steps of :func:`train`; ``step_judge`` scores each step's turns (``prm_outcome``)."""
+    judged = step_judge is not None
     history: list[dict[str, float]] = []
     cursor = 0
     for step in range(steps):
@@ -221,14 +280,22 @@ def train(
         t_rollouts = time.perf_counter() - t0
         rewarded = [(r.id, r.group, r.reward) for r in rollouts if r.reward is not None]
         groups = {r.id: r.group for r in rollouts}
+        t_judge = time.perf_counter()
+        if step_judge is not None:  # before the samples, which read the judgments
+            step_judge.judge_rollouts(rid for rid, *_ in rewarded)
+        t_judge = time.perf_counter() - t_judge
         built = step_samples(
             runner.store, {rid: rw for rid, _, rw in rewarded}, groups,
-            {r.id: r.harness for r in rollouts},
+            {r.id: r.harness for r in rollouts}, step_scores=judged,
         )  # fmt: skip
         # A group's statistics are those of the rollouts the trainer sees: a rollout without a
         # trainable turn leaves its group, as a verifier error does.
         with_samples = {str(s.meta["rollout"]) for s in built.samples}
-        chosen_groups = select_groups([t for t in rewarded if t[0] in with_samples])
+        chosen_groups = select_groups(
+            [t for t in rewarded if t[0] in with_samples],
+            step_scores=sample_step_scores(built.samples) if judged else None,
+        )
+        judged_samples = built.samples  # every trained turn of the step, for prm/* metrics
         built.samples = [s for s in built.samples if str(s.meta["rollout"]) in chosen_groups.kept]
         runner.store.decide_rollout_groups(group_decisions(chosen_groups, groups.values()))
         metrics: dict[str, float] = {
@@ -250,6 +317,10 @@ def train(
         }
         for reason, n in built.untrained.items():
             metrics[f"drop/turn_{reason}"] = float(n)
+        if judged:
+            metrics.update(prm_metrics(runner.store, judged_samples))
+            metrics["group/kept_by_step_scores"] = float(chosen_groups.kept_by_step_scores)
+            metrics["time/judge"] = t_judge
         if built.samples:
             trained = trainer.train_step(built.samples)
             trained["trainer/step"] = trained.pop("step", 0.0)  # the row's "step" is the loop's

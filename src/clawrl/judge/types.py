@@ -88,6 +88,7 @@ class NoJudgmentReason(StrEnum):
 
     ALL_ABSTAINED = "all_abstained"  # every vote abstained (the votes say why)
     TIMEOUT = "timeout"  # every vote abstained because the judge ran out of time
+    JUDGE_ERROR = "judge_error"  # the judge raised a JudgeError (recorded by the judge worker)
 
 
 class JudgeContext(BaseModel):

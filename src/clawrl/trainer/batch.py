@@ -32,6 +32,9 @@ class Batch:
     truncated: Tensor  # [B] bool
     group_ids: Tensor  # [B] long
     episode_ids: Tensor  # [B] long, equal for samples of one episode (rollout)
+    step_index: Tensor  # [B] long, the sample's step within its episode
+    step_scores: Tensor  # [B] float, the judge's score of the step (0 where None)
+    has_step_score: Tensor  # [B] bool
 
     def to(self, device: torch.device | str) -> Batch:
         """The same batch with every tensor on ``device`` (itself when they are there)."""
@@ -74,7 +77,46 @@ def collate(samples: list[TrainSample], pad_id: int = 0) -> Batch:
         truncated=torch.tensor([s.truncated for s in samples]),
         group_ids=torch.tensor([s.group_id for s in samples], dtype=torch.long),
         episode_ids=torch.tensor(_episode_index(samples), dtype=torch.long),
+        step_index=torch.tensor([s.step_index for s in samples], dtype=torch.long),
+        step_scores=torch.tensor([s.step_score or 0.0 for s in samples], dtype=torch.float32),
+        has_step_score=torch.tensor([s.step_score is not None for s in samples]),
     )
+
+
+def step_reward_inputs(batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
+    """The step tensors :func:`clawrl.algorithms.prm_outcome_advantages` reads, for a batch
+    whose rows are the turns (steps) of episodes (rollouts).
+
+    Row ``i`` is step ``s_i`` (``step_index``) of its episode; ``S = max s_i + 1``. Each row has
+    exactly its own step: ``step_mask[i, s_i]`` is True and every token of the row points to
+    it, so a (group, step) cell holds one row per episode that has that step, as the formula's
+    rollouts. A step without a judge score (``has_step_score`` False: no next state, a judge
+    failure) contributes a PRM term of 0, so its reward is the outcome alone; the step is still
+    trained (OpenClaw-RL's step_mask says which steps a rollout has, not which were judged).
+
+    Returns:
+        ``(step_scores [B, S] float, step_mask [B, S] bool, token_steps [B, T] long)`` with
+        ``T = loss_mask.shape[1]``.
+
+    Raises:
+        ValueError: two rows of one episode are the same step (a step would count twice in its
+            cell).
+    """
+    steps = batch.step_index
+    pairs = torch.stack([batch.episode_ids, steps], dim=1)
+    if torch.unique(pairs, dim=0).shape[0] != pairs.shape[0]:
+        raise ValueError("two samples of one episode have the same step_index")
+    b = steps.shape[0]
+    num_steps = int(steps.max()) + 1 if b else 1
+    rows = torch.arange(b)
+    step_mask = torch.zeros((b, num_steps), dtype=torch.bool)
+    step_mask[rows, steps] = True
+    step_scores = torch.zeros((b, num_steps), dtype=batch.step_scores.dtype)
+    step_scores[rows, steps] = torch.where(
+        batch.has_step_score, batch.step_scores, torch.zeros_like(batch.step_scores)
+    )
+    token_steps = steps.unsqueeze(-1).expand(batch.loss_mask.shape).clone()
+    return step_scores, step_mask, token_steps
 
 
 def _episode_index(samples: list[TrainSample]) -> list[int]:

@@ -1,8 +1,9 @@
 """The judge worker: finds turns with a next state and no judgment, judges them, stores verdicts.
 
 Runs as an asyncio task beside the gateway. It never blocks serving: judgments are awaited with
-a timeout, and a failing judge becomes a stored "no judgment" with its reason (the trainer then
-counts the turn as ``drop/no_judgment``).
+a timeout, and a failing judge (a time-out, a :class:`~clawrl.errors.JudgeError`) becomes a
+stored "no judgment" with its reason (the trainer then counts the turn as ``drop/no_judgment``).
+Harness mode judges a step's rollouts with the same code (:meth:`JudgeWorker.judge_sessions`).
 
 Input building (:func:`judge_input`): the context is the turn's system prompt, its last user
 message and the earlier messages; the output is the turn's parsed content and tool calls; the
@@ -19,14 +20,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from clawrl.chat import ChatMessage, ToolCall
+from clawrl.errors import JudgeError
 from clawrl.judge.types import (
     JudgeContext,
     JudgeInput,
     Judgment,
+    NoJudgmentReason,
     TurnOutput,
 )
 from clawrl.judge.types import (
@@ -210,14 +213,19 @@ class JudgeWorker:
         try:
             judgment = await asyncio.wait_for(self.judge(inp), self.timeout_s)
             rec = judgment_record(turn, judgment, str(ns.role))
-        except TimeoutError:
+        except (TimeoutError, JudgeError) as e:
             self.failed += 1
+            reason = NoJudgmentReason.JUDGE_ERROR
+            if isinstance(e, TimeoutError):
+                reason = NoJudgmentReason.TIMEOUT
+            else:
+                log.warning("judging turn %s failed: %s", turn.id, e)
             rec = JudgmentRecord(
                 turn.id,
                 turn.session_id,
                 None,
                 WORKER_BACKEND,
-                reason="timeout",
+                reason=str(reason),
                 latency_s=time.perf_counter() - t0,
                 next_state_role=str(ns.role),
             )
@@ -247,6 +255,20 @@ class JudgeWorker:
     async def poll_once(self) -> int:
         """Judge everything judgeable now; returns how many turns were judged."""
         sessions = await asyncio.to_thread(self.store.sessions_with_unjudged_turns, 200)
+        return await self.judge_sessions(sessions)
+
+    async def judge_sessions(self, sessions: Iterable[str]) -> int:
+        """Judge the unjudged turns of ``sessions`` that have a next state, and store a
+        ``no_next_state`` row for those of an ended session that never got one (harness mode
+        calls this for a step's rollouts); returns how many turns were sent to the judge.
+
+        A judge that times out or raises :class:`~clawrl.errors.JudgeError` is stored as a
+        judgment without a score (reason ``timeout`` / ``judge_error``) and counted in
+        :attr:`failed`, not raised.
+
+        Raises:
+            StoreError: the store failed.
+        """
         tasks = []
         for sid in sessions:
             for turn, ns in await asyncio.to_thread(self._pending, sid):

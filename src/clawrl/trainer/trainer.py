@@ -53,7 +53,7 @@ from clawrl.algorithms import (
 from clawrl.config import TrainedMethod, TrainerConfig
 from clawrl.engine import Engine
 from clawrl.errors import ConfigError, TrainerError
-from clawrl.trainer.batch import Batch, TokenLogprobs, collate
+from clawrl.trainer.batch import Batch, TokenLogprobs, collate, step_reward_inputs
 from clawrl.trainer.types import TrainSample
 
 log = logging.getLogger(__name__)
@@ -258,8 +258,9 @@ class Trainer:
 
         Raises:
             TrainerError: no sample survives the staleness filter, or a sample lacks what the
-                method needs (a reward for ``rl``, ``grpo`` and ``precomputed``, a teacher for
-                ``opd``).
+                method needs (a reward for ``rl``, ``grpo``, ``prm_outcome`` and
+                ``precomputed``, a teacher for ``opd``; ``prm_outcome``: one sample per step of
+                an episode).
         """
         t0 = time.perf_counter()
         stale = drop_stale(
@@ -277,18 +278,7 @@ class Trainer:
             full.loss_mask, full.truncated, mask_truncated=loss_config.mask_truncated
         )
         # Credit once over the whole batch (GRPO groups whole), sliced per micro-batch below.
-        advantages = compute_advantages(
-            self.method.advantage,
-            AdvantageInputs(
-                loss_mask=full.loss_mask,
-                rewards=full.rewards,
-                group_ids=full.group_ids,
-                episode_ids=full.episode_ids,
-                teacher_logprobs=full.teacher_logprobs,
-                old_logprobs=full.sampling_logprobs,
-                has_hint=full.has_hint,
-            ),
-        )
+        advantages = compute_advantages(self.method.advantage, self._advantage_inputs(full))
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         parts: list[tuple[float, dict[str, float]]] = []
@@ -345,6 +335,32 @@ class Trainer:
             "step": float(self.step),
         }
         return metrics
+
+    def _advantage_inputs(self, full: Batch) -> AdvantageInputs:
+        """What the method's advantage estimator reads from the full batch (the step tensors
+        only for a method whose samples carry step scores: :func:`step_reward_inputs`).
+
+        Raises:
+            TrainerError: two samples of one episode claim the same step.
+        """
+        step_scores = step_mask = token_steps = None
+        if self.method.needs.step_scores:
+            try:
+                step_scores, step_mask, token_steps = step_reward_inputs(full)
+            except ValueError as e:
+                raise TrainerError(f"method {self.method.kind!r}: {e}") from e
+        return AdvantageInputs(
+            loss_mask=full.loss_mask,
+            rewards=full.rewards,
+            group_ids=full.group_ids,
+            episode_ids=full.episode_ids,
+            teacher_logprobs=full.teacher_logprobs,
+            old_logprobs=full.sampling_logprobs,
+            has_hint=full.has_hint,
+            step_scores=step_scores,
+            step_mask=step_mask,
+            token_steps=token_steps,
+        )
 
     def _clip_gradients(self) -> float:
         """The global L2 norm of the gradients, clipped to ``grad_clip`` when it is > 0.

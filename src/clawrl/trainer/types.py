@@ -24,6 +24,11 @@ class TrainSample:
         group_id: rollout group (GRPO); 0 for the online loop.
         episode_id: the episode (rollout) the turn belongs to; GRPO counts each episode once in
             its group. ``""``: the turn is its own episode.
+        step_index: the turn's step within its episode (harness mode: its rank among the
+            rollout's trained turns by creation, 0 first); the PRM + outcome method normalises
+            per (group, step).
+        step_score: the judge's score of the step's next state in {+1, -1, 0} (PRM + outcome),
+            or None when the step has none (no next state, a judge failure, or not judged).
         meta: free-form facts carried along (harness name, rollout id).
     """
 
@@ -38,6 +43,8 @@ class TrainSample:
     turn_id: str = ""
     group_id: int = 0
     episode_id: str = ""
+    step_index: int = 0
+    step_score: float | None = None
     meta: dict[str, object] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -52,3 +59,5 @@ class TrainSample:
             self.completion_ids
         ):
             raise ValueError("teacher_logprobs must align with completion_ids")
+        if self.step_index < 0:
+            raise ValueError(f"step_index must be >= 0, got {self.step_index}")
