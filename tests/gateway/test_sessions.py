@@ -7,7 +7,7 @@ import threading
 import httpx
 import pytest
 
-from clawrl.store import SessionSource, Store
+from clawrl.store import SessionSource, Store, UntrainableReason
 from clawrl.trajectory import RootReason, load_tree, training_rows
 
 SYSTEM = {"role": "system", "content": "You are a careful assistant."}
@@ -152,9 +152,13 @@ def test_retry_branch_and_concurrent_subagent(scripted_server, tmp_path):
     assert tree.node(t_a2.id).segment == tree.node(t_a.id).segment
     assert tree.node(t_c.id).parent_id is None
     assert tree.node(t_c.id).segment != tree.node(t_a.id).segment
-    # every sampled token is trained exactly once, in exactly one row
+    # the first attempt a led nowhere (its client sent the same prompt again): a dead retry leaf,
+    # not trained; every other sampled token is trained exactly once, in exactly one row
+    assert tree.node(t_a.id).untrainable_reason == UntrainableReason.ABANDONED_RETRY
+    trained = [t for t in turns if t.id != t_a.id]
     rows = training_rows(tree)
-    for t in turns:
+    assert not any(t_a.id in row.trained_turn_ids for row in rows)
+    for t in trained:
         owners = []
         for row in rows:
             idx = row.turn_ids.index(t.id) if t.id in row.turn_ids else None
@@ -170,7 +174,7 @@ def test_retry_branch_and_concurrent_subagent(scripted_server, tmp_path):
                 assert [row.input_ids[k] for k in hits] == t.completion_ids
                 assert [row.sampling_logprobs[k] for k in hits] == t.sampling_logprobs
         assert len(owners) == 1, t.id
-    assert sum(sum(r.loss_mask) for r in rows) == sum(len(t.completion_ids) for t in turns)
+    assert sum(sum(r.loss_mask) for r in rows) == sum(len(t.completion_ids) for t in trained)
 
 
 def test_non_canonical_sampled_ids_are_spliced_back(scripted_server, tokenizer):
