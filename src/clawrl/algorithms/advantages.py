@@ -109,9 +109,8 @@ def binary_rl_advantages(rewards: Tensor, loss_mask: Tensor) -> Tensor:
 def precomputed_advantages(advantages: Tensor, loss_mask: Tensor) -> Tensor:
     """Broadcast per-sequence advantages computed elsewhere: ``A_{i,t} = a_i``.
 
-    Used by harness mode, where the GRPO group is a set of *rollouts* (each with several
-    trained turns), so the group statistics are taken over rollouts before the turns reach
-    the trainer (:mod:`clawrl.harness.advantage`).
+    For advantages the caller computed over several sequences, e.g. per rollout of several
+    trained turns (harness mode itself uses :func:`grpo_advantages` with ``episode_ids``).
 
     Args:
         advantages: ``[B]`` one advantage per sequence (any finite real).

@@ -56,10 +56,11 @@ class BinaryRLAdvantage:
 class PrecomputedAdvantage:
     """An advantage computed outside the trainer, one per sequence: ``A_{i,t} = a_i``.
 
-    For credit that spans several sequences, e.g. harness mode, where a rollout's group-relative
-    advantage (GRPO over rollouts of one task, :mod:`clawrl.harness.advantage`) is attached to
-    every trained turn of that rollout. ``a_i`` is read from the sample's ``reward`` field and may
-    be any finite real; it is broadcast to the sequence's sampled tokens unchanged.
+    For credit computed by the caller over several sequences, e.g. a rollout-level advantage
+    attached to every trained turn of that rollout (harness mode itself uses the trainer's GRPO
+    over rollouts, :func:`clawrl.algorithms.grpo_advantages` with ``episode_ids``). ``a_i`` is
+    read from the sample's ``reward`` field and may be any finite real; it is broadcast to the
+    sequence's sampled tokens unchanged.
     """
 
     kind: Literal["precomputed"] = "precomputed"
