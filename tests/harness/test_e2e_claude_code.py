@@ -50,7 +50,7 @@ def test_claude_code_rollouts_get_rewards_and_training_rows(tmp_path, tokenizer,
     settings = HarnessSettings(harnesses=["claude-code"], parallel=2)
     with Store(tmp_path / "s.db") as store:
         app = create_app(engine, tokenizer, store, model_name=settings.model_name)
-        runner = HarnessRunner(app, store, settings, tmp_path)
+        runner = HarnessRunner(app, store, settings)
         try:
             rollouts = runner.run(
                 [(task, runner.adapters[0], "g"), (task, runner.adapters[0], "g")]

@@ -43,7 +43,7 @@ def test_mini_swe_agent_rollout_gets_reward_and_training_rows(tmp_path, tokenize
     settings = HarnessSettings(harnesses=["mini-swe-agent"], parallel=1)
     with Store(tmp_path / "s.db") as store:
         app = create_app(engine, tokenizer, store, model_name=settings.model_name)
-        runner = HarnessRunner(app, store, settings, tmp_path)
+        runner = HarnessRunner(app, store, settings)
         try:
             (rollout,) = runner.run(
                 [(load_task(BUILTIN_TASKS / "create-file-0"), runner.adapters[0], "g")]
