@@ -49,8 +49,11 @@ config.toml (what ran), results.json, and each run's store and trained adapter u
     p.add_argument("--steps", type=int, default=16, help="training steps (16)")
     p.add_argument("--batch-size", type=int, default=4,
                    help="samples per step (4 here to fit a laptop CPU; OpenClaw-RL uses 16)")  # fmt: skip
-    p.add_argument("--eval-problems", type=int, help="held-out problems (the scenario's: 50)")
-    p.add_argument("--max-tokens", type=int, help="tokens per answer (the scenario's: 256)")
+    p.add_argument("--eval-problems", type=int,
+                   help="held-out problems (the scenario's [problems] held_out: student 32, "
+                   "teacher 50)")  # fmt: skip
+    p.add_argument("--max-tokens", type=int,
+                   help="tokens per answer (the scenario's [answer] max_tokens: 256)")  # fmt: skip
     p.add_argument("--concurrency", type=int, default=6, help="simulated sessions at once (6)")
     p.add_argument("--dataset", help="GSM8K-format JSONL (default: the scenario's problems)")
     p.add_argument("--out", default="demo-report", help="report directory (demo-report)")
