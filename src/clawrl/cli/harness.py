@@ -24,6 +24,7 @@ examples:
   clawrl harness eval --tasks builtin --split heldout --harness reference --k 4
   clawrl harness train --tasks builtin --harness reference --group-size 4 --steps 5 --out runs/h1
   clawrl harness eval --tasks builtin --harness reference --k 4 --run runs/h1 --version 5
+  clawrl harness eval --split heldout --k 4 --run runs/h1 --version 0,5   # before vs after
   clawrl harness train --tasks builtin --harness reference,mini-swe-agent --steps 2 --out runs/mix
 
 outcome-only vs integrated PRM + outcome, from the same start (same model, tasks, seed):
@@ -82,7 +83,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     _common(e)
     e.add_argument("--k", type=int, default=4, help="rollouts per task (4)")
     e.add_argument("--run", help="a 'harness train' output dir holding policies/vN")
-    e.add_argument("--version", type=int, help="evaluate policy version N of --run")
+    e.add_argument(
+        "--version",
+        help="policy version N of --run, or N,M,... (ascending; 0 = the base policy): each is "
+        "evaluated on the same tasks, and later ones get a paired gain over the first",
+    )
     e.add_argument("--json", action="store_true", help="print JSON rows")
     e.add_argument(
         "--out",
@@ -227,41 +232,66 @@ def prm_line(metrics: dict[str, float]) -> str:
     )
 
 
+def _versions(args: argparse.Namespace) -> list[int]:
+    """``--version`` as ascending policy versions (``[0]``: the base policy alone)."""
+    if not args.version:
+        return [0]
+    try:
+        versions = [int(v) for v in str(args.version).split(",") if v.strip()]
+    except ValueError as e:
+        raise ConfigError(f"--version takes N or N,M,... (integers), got {args.version!r}") from e
+    if not versions or any(v < 0 for v in versions) or versions != sorted(set(versions)):
+        raise ConfigError(
+            f"--version takes distinct versions >= 0 in ascending order, got {args.version!r}"
+        )
+    if versions != [0] and not args.run:
+        raise ConfigError("--version needs --run DIR (a 'harness train' output dir)")
+    for v in versions:
+        if v and not (Path(args.run) / "policies" / f"v{v}").is_dir():
+            raise ConfigError(f"no policy version {v} at {Path(args.run) / 'policies' / f'v{v}'}")
+    return versions
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
-    """``clawrl harness eval``."""
+    """``clawrl harness eval``: each version of ``--version`` in turn on the same tasks."""
     from clawrl.config import Config
     from clawrl.harness.loop import HarnessRunner, evaluate, format_eval, wait_for_version
     from clawrl.runtime import build_runtime
 
     tasks = _tasks(args)
+    versions = _versions(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    weights = None
-    if args.version:
-        if not args.run:
-            raise ConfigError("--version needs --run DIR (a 'harness train' output dir)")
-        weights = Path(args.run) / "policies" / f"v{args.version}"
-        if not weights.is_dir():
-            raise ConfigError(f"no policy version {args.version} at {weights}")
     policy = _policy(args.model)
     runtime = build_runtime(Config(), policy=policy, store=out / "store.db", model_name=policy.name)
-    version = 0
+    runs = []
     try:
-        if weights is not None:
-            runtime.engine.load_policy(args.version, str(weights))
-            wait_for_version(runtime.engine, args.version)
-            version = args.version
         runner = HarnessRunner(runtime.app, runtime.store, _settings(args, policy.name))
         try:
-            rows = evaluate(runner, tasks, k=args.k, policy_version=version)
+            for version in versions:
+                if version:
+                    weights = Path(args.run) / "policies" / f"v{version}"
+                    runtime.engine.load_policy(version, str(weights))
+                    wait_for_version(runtime.engine, version)
+                t0 = time.perf_counter()
+                rows = evaluate(runner, tasks, k=args.k, policy_version=version)
+                runs.append((version, rows))
+                if not args.json:
+                    done = ", ".join(f"{r.harness} pass@1 {r.pass_at_1:.3f}" for r in rows)
+                    print(f"evaluated version {version}: {done} ({time.perf_counter() - t0:.0f}s)",
+                          flush=True)  # fmt: skip
         finally:
             runner.close()
     finally:
         runtime.close()
     if args.json:
-        print(json.dumps([{**r.__dict__, "version": version} for r in rows]))
+        print(json.dumps([
+            {**{k: v for k, v in dataclasses.asdict(r).items() if k != "counts"},
+             "counts": {c.task_id: [c.n, c.c] for c in r.counts}, "version": version}
+            for version, rows in runs for r in rows
+        ]))  # fmt: skip
     else:
-        print(format_eval(rows, version))
+        print(format_eval(runs))
         print(f"isolation: {runner.isolation}; tasks: {len(tasks)} ({args.split}); rollouts: "
               f"{out / 'store.db'} (run {runner.run_id})")  # fmt: skip
     return 0

@@ -27,6 +27,7 @@ the store's ``judgments`` table. Evaluation reads the rollouts it ran back from 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -44,6 +45,13 @@ from clawrl.harness.passk import mean_pass_at_k
 from clawrl.harness.rollout import Rollout, RolloutStatus, run_rollout
 from clawrl.harness.samples import step_samples
 from clawrl.harness.sandbox import Isolation, choose_isolation
+from clawrl.harness.stats import (
+    TaskCount,
+    family_pass_at_1,
+    paired_gain,
+    pass_at_1_ci,
+    task_counts,
+)
 from clawrl.harness.tasks import BUILTIN_TASKS, Task
 from clawrl.store import GroupDecision, RolloutGroupRecord, RolloutPurpose, RolloutResult, new_id
 from clawrl.trainer.judge_worker import JudgeFn
@@ -341,7 +349,15 @@ def _train_steps(
 
 @dataclass
 class EvalRow:
-    """Pass@1 and Pass@k of one harness over the evaluated tasks."""
+    """Pass@1 and Pass@k of one harness over the evaluated tasks.
+
+    Attributes:
+        pass_at_1_low / pass_at_1_high: the 95 % bootstrap interval of Pass@1 over tasks
+            (:func:`clawrl.harness.stats.pass_at_1_ci`).
+        families: task family -> its Pass@1 (:func:`clawrl.harness.stats.family_pass_at_1`).
+        counts: per task, rollouts with a reward (n) and passes (c): what a paired comparison of
+            two evaluations needs (:func:`clawrl.harness.stats.paired_gain`).
+    """
 
     harness: str
     tasks: int
@@ -353,6 +369,10 @@ class EvalRow:
     k: int
     reward_mean: float
     wall_s: float
+    pass_at_1_low: float = math.nan
+    pass_at_1_high: float = math.nan
+    families: dict[str, float] = field(default_factory=dict)
+    counts: list[TaskCount] = field(default_factory=list)
 
 
 def evaluate(
@@ -402,14 +422,12 @@ def eval_row(
         wall_s: seconds the evaluation took (reported as is).
     """
     mine = [r for r in results if r.harness == harness]
-    counts = []
-    for task_id in dict.fromkeys(r.task_id for r in mine):
-        valid = [r.reward for r in mine if r.task_id == task_id and r.reward is not None]
-        if valid:
-            counts.append((len(valid), sum(x >= pass_threshold for x in valid)))
+    per_task = task_counts(mine, harness=harness, pass_threshold=pass_threshold)
+    counts = [(t.n, t.c) for t in per_task]
     rewards = [r.reward for r in mine if r.reward is not None]
     kk = min([k, *(n for n, _ in counts)]) if counts else k
     statuses = Counter(r.rollout.status for r in mine)
+    _, low, high = pass_at_1_ci(per_task)
     return EvalRow(
         harness=harness,
         tasks=len(counts),
@@ -421,18 +439,55 @@ def eval_row(
         k=kk,
         reward_mean=sum(rewards) / len(rewards) if rewards else 0.0,
         wall_s=wall_s,
+        pass_at_1_low=low,
+        pass_at_1_high=high,
+        families={f: p for f, (p, _) in family_pass_at_1(per_task).items()},
+        counts=per_task,
     )
 
 
-def format_eval(rows: Sequence[EvalRow], version: int) -> str:
-    """The eval table as printed by ``clawrl harness eval``."""
+def format_eval(runs: Sequence[tuple[int, Sequence[EvalRow]]]) -> str:
+    """The eval table as printed by ``clawrl harness eval``: one line per (version, harness)
+    with Pass@1 and its 95 % interval over tasks; then, with several versions, each later
+    version's paired gain over the first (:func:`clawrl.harness.stats.paired_gain`); then
+    Pass@1 per task family and version.
+
+    Args:
+        runs: ``(policy version, rows of that version's evaluation)``, in evaluation order.
+    """
     head = f"{'harness':<16} {'version':>7} {'tasks':>5} {'rollouts':>8} {'errors':>6} "
-    head += f"{'pass@1':>7} {'pass@k':>10} {'reward':>7} {'wall_s':>7}"
+    head += f"{'pass@1 [95% CI]':>22} {'pass@k':>12} {'reward':>7} {'wall_s':>7}"
     lines = [head]
-    for r in rows:
-        lines.append(
-            f"{r.harness:<16} {version:>7} {r.tasks:>5} {r.rollouts:>8} "
-            f"{r.verifier_errors + r.harness_errors:>6} {r.pass_at_1:>7.3f} "
-            f"{f'{r.pass_at_k:.3f} (k={r.k})':>10} {r.reward_mean:>7.3f} {r.wall_s:>7.1f}"
-        )
+    for version, rows in runs:
+        for r in rows:
+            ci = f"{r.pass_at_1:.3f} [{r.pass_at_1_low:.3f}, {r.pass_at_1_high:.3f}]"
+            lines.append(
+                f"{r.harness:<16} {version:>7} {r.tasks:>5} {r.rollouts:>8} "
+                f"{r.verifier_errors + r.harness_errors:>6} {ci:>22} "
+                f"{f'{r.pass_at_k:.3f} (k={r.k})':>12} {r.reward_mean:>7.3f} {r.wall_s:>7.1f}"
+            )
+    if len(runs) > 1:
+        first_version, first = runs[0]
+        base = {r.harness: r for r in first}
+        for version, rows in runs[1:]:
+            for r in rows:
+                if r.harness not in base:
+                    continue
+                gain, low, high, n = paired_gain(base[r.harness].counts, r.counts)
+                lines.append(
+                    f"gain v{version} - v{first_version} ({r.harness}, paired over {n} tasks): "
+                    f"{gain:+.3f} [{low:+.3f}, {high:+.3f}]"
+                    + ("  (beyond noise)" if low > 0 or high < 0 else "  (within noise)")
+                )
+    families = sorted({f for _, rows in runs for r in rows for f in r.families})
+    if families:
+        cols = [(v, r) for v, rows in runs for r in rows]
+        lines.append("pass@1 per task family: " + "  ".join(f"{r.harness}@v{v}" for v, r in cols))
+        for f in families:
+            cells = "  ".join(
+                f"{r.families[f]:>{len(r.harness) + len(str(v)) + 2}.2f}"
+                if f in r.families else " " * (len(r.harness) + len(str(v)) + 2)
+                for v, r in cols
+            )  # fmt: skip
+            lines.append(f"  {f:<21} {cells}")
     return "\n".join(lines)

@@ -42,8 +42,11 @@ EXAMPLES = [
     ("Create a file named x.txt containing the word cat.", "echo cat > x.txt"),
     ("Delete the file a.log.", "rm a.log"),
     ("Count the lines in in.txt and write the number into n.txt.", "wc -l < in.txt > n.txt"),
+    ("In pets.txt, replace the word cat with dog.", "sed -i 's/cat/dog/' pets.txt"),
 ]
-"""Few-shot (task, command) pairs sent as earlier user/assistant turns (small models need them)."""
+"""Few-shot (task, command) pairs sent as earlier turns (small models need them): each is the
+task, the command, its output (``(exit code 0)``) and the reply ``DONE``, so the model sees a
+finished task end rather than a second command that undoes the first."""
 SHELL_TOOL = {
     "type": "function",
     "function": {
@@ -130,6 +133,8 @@ def main() -> int:
         for task, example in EXAMPLES:
             messages.append({"role": "user", "content": task})
             messages.append({"role": "assistant", "content": f"```bash\n{example}\n```"})
+            messages.append({"role": "user", "content": "Output:\n(exit code 0)"})
+            messages.append({"role": "assistant", "content": "DONE"})
     messages.append({"role": "user", "content": os.environ["CLAWRL_INSTRUCTION"]})
     summary: dict[str, Any] = {"steps": 0, "commands": [], "stop": "step_limit"}
     for _ in range(steps):

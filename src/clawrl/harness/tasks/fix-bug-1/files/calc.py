@@ -1,2 +1,0 @@
-def mul(a, b):
-    return a + b

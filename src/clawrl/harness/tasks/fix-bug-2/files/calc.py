@@ -1,2 +1,0 @@
-def sub(a, b):
-    return a + b

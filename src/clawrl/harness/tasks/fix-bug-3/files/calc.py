@@ -1,2 +1,0 @@
-def biggest(a, b):
-    return min(a, b)
