@@ -55,3 +55,29 @@ def test_mini_swe_agent_rollout_gets_reward_and_training_rows(tmp_path, tokenize
         assert len(turns) == 2  # every call attributed to the rollout by its URL prefix
         samples, _ = rollout_samples(store, rollout.id, 0.5, 0, {})
         assert {s.turn_id for s in samples} == {t.id for t in turns}
+
+
+@pytest.mark.timeout(300)
+def test_mini_swe_agent_text_mode_parses_a_bash_block_and_submits(tmp_path, tokenizer):
+    replies = [
+        "I will write the file.\n```bash\necho hello > hello.txt\n```",
+        "```bash\necho COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n```",
+    ]
+    engine = ScriptedEngine(tokenizer, replies, default_reply="no command here")
+    settings = HarnessSettings(harnesses=["mini-swe-agent-text"], parallel=1)
+    with Store(tmp_path / "s.db") as store:
+        app = create_app(engine, tokenizer, store, model_name=settings.model_name)
+        runner = HarnessRunner(app, store, settings)
+        try:
+            (rollout,) = runner.run(
+                [(load_task(BUILTIN_TASKS / "create-file-0"), runner.adapters[0], "g")]
+            )
+        finally:
+            runner.close()
+        assert rollout.reward == 1.0, rollout.harness_tail
+        turns = store.session_turns(rollout.id)
+        assert len(turns) == 2  # the submit command ended the run: no third call
+        first = tokenizer.decode(turns[0].prompt_ids)
+        assert "Example task:" in first and "Create a file named hello.txt" in first
+        second = tokenizer.decode(turns[1].prompt_ids)
+        assert "(exit code 0)" in second  # clawrl's observation template, not the default's

@@ -8,6 +8,7 @@ from clawrl.harness.adapters.external import (
     ClaudeCodeAdapter,
     CodexAdapter,
     MiniSweAgentAdapter,
+    MiniSweAgentTextAdapter,
     OpenClawAdapter,
     OpencodeAdapter,
     QwenCodeAdapter,
@@ -17,6 +18,7 @@ from clawrl.harness.adapters.reference import ReferenceAdapter
 ADAPTERS: dict[str, type[Adapter]] = {
     "reference": ReferenceAdapter,
     "mini-swe-agent": MiniSweAgentAdapter,
+    "mini-swe-agent-text": MiniSweAgentTextAdapter,
     "claude-code": ClaudeCodeAdapter,
     "codex": CodexAdapter,
     "openclaw": OpenClawAdapter,

@@ -196,3 +196,57 @@ class MiniSweAgentAdapter(ExternalAdapter):
         launch = self._launch(argv, env, ctx)
         launch.read_only = sorted({*launch.read_only, venv, *install_root("python3")})
         return launch
+
+
+MINI_TEXT_CONFIG = """\
+# clawrl's templates for mini-swe-agent's text-based mode (mini_textbased.yaml), written for
+# small models: one short instruction, one worked example, the task. The action is the first
+# ```bash block; the example shows the submit command that ends the run.
+agent:
+  system_template: |
+    You are a shell agent in a Linux directory. Reply with one shell command in a ```bash block.
+    When the task is done, reply with echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT in a ```bash block.
+  instance_template: |
+    Example task: Create a file named x.txt containing the word cat.
+    Example reply:
+    ```bash
+    echo cat > x.txt
+    ```
+    Example output: (exit code 0)
+    Example reply:
+    ```bash
+    echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT
+    ```
+
+    Task: {{task}}
+model:
+  model_class: litellm_textbased
+  action_regex: "```(?:bash|sh)?[ \\t]*\\n(.*?)\\n?```"
+  observation_template: |
+    Output:
+    {{ output.output[-1500:] -}}
+    (exit code {{ output.returncode }})
+  format_error_template: |
+    Reply with one shell command in a ```bash block.
+"""
+"""The config :class:`MiniSweAgentTextAdapter` merges over ``mini_textbased.yaml``."""
+
+
+class MiniSweAgentTextAdapter(MiniSweAgentAdapter):
+    """mini-swe-agent, unmodified, in its text-based mode (``mini_textbased.yaml``: the action
+    is parsed from a code block instead of a tool call) with :data:`MINI_TEXT_CONFIG`'s short
+    templates: the format the embedded model can produce (its default tool-call format the
+    135M model never produces). Option ``step_limit`` (default 4) caps its model calls.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.name = "mini-swe-agent-text"
+
+    def prepare(self, sandbox: Sandbox, ctx: RolloutContext) -> Launch:
+        launch = super().prepare(sandbox, ctx)
+        write_text(sandbox.home / "clawrl-mini-text.yaml", MINI_TEXT_CONFIG)
+        config = f"{sandbox.inner_home}/clawrl-mini-text.yaml"
+        at = launch.argv.index("mini.yaml")
+        launch.argv[at : at + 1] = ["mini_textbased.yaml", "-c", config]
+        return launch
