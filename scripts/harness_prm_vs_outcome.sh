@@ -6,10 +6,12 @@
 # Both runs start from the same base model, tasks (train split), seed and settings; only
 # --method differs (grpo: the verifier's outcome alone; prm_outcome: the judge also scores every
 # turn's next state, R = step score + outcome normalised per (group, step)). Each run's last
-# published version is then evaluated on the held-out split, next to the base model (version 0).
+# published version is then evaluated on the held-out split together with the base model
+# (--version 0,N: Pass@1 with 95 % intervals over tasks and the paired gain over the base), and
+# the two runs are compared (clawrl harness compare: PRM + outcome minus outcome only, paired).
 # Settings by environment: STEPS (5), K (4, held-out samples per task), HARNESS (reference),
 # GROUP_SIZE (4), TASKS_PER_STEP (4), JUDGE (head), JUDGE_VOTES (3), MODEL (smollm2-135m).
-# Results: OUT/{base,outcome,prm}.eval.json (one JSON row per harness), OUT/{outcome,prm}/
+# Results: OUT/{outcome,prm}.eval.json (rows of versions 0 and N), OUT/{outcome,prm}/
 # (store.db with rollouts and judgments, metrics.jsonl with prm/* keys, policies/vN).
 set -euo pipefail
 
@@ -32,20 +34,23 @@ last_version() {  # the highest policies/vN a run published (0: none)
     sort -V <<<"${dirs:-v0}" | tail -n 1 | tr -d v
 }
 
-evaluate() {  # evaluate NAME [RUN]: held-out Pass@1 / Pass@k of RUN's last version (or base)
-    local name=$1 run=${2:-} version=0 args=()
-    if [[ -n $run ]]; then
-        version=$(last_version "$run")
-        [[ $version -gt 0 ]] && args=(--run "$run" --version "$version")
-    fi
+evaluate() {  # evaluate NAME RUN: held-out Pass@1 of the base model and of RUN's last version
+    local name=$1 run=$2 version
+    version=$(last_version "$run")
+    local versions=0
+    [[ $version -gt 0 ]] && versions="0,$version"
     "$CLAWRL" harness eval "${common[@]}" --split heldout --k "$K" --json \
-        --out "$OUT/$name-eval" "${args[@]}" | tee "$OUT/$name.eval.json"
+        --out "$OUT/$name-eval" --run "$run" --version "$versions" >"$OUT/$name.eval.json"
 }
 
-evaluate base
 "$CLAWRL" harness train "${train[@]}" --method grpo --out "$OUT/outcome" "$@"
 "$CLAWRL" harness train "${train[@]}" --method prm_outcome --judge "${JUDGE:-head}" \
     --judge-votes "${JUDGE_VOTES:-3}" --out "$OUT/prm" "$@"
 evaluate outcome "$OUT/outcome"
 evaluate prm "$OUT/prm"
-echo "held-out evaluations: $OUT/base.eval.json $OUT/outcome.eval.json $OUT/prm.eval.json"
+"$CLAWRL" harness compare --version-a 0 "$OUT/outcome.eval.json" "$OUT/outcome.eval.json" \
+    | sed 's/^/outcome only, last version vs base: /'
+"$CLAWRL" harness compare --version-a 0 "$OUT/prm.eval.json" "$OUT/prm.eval.json" \
+    | sed 's/^/PRM + outcome, last version vs base: /'
+"$CLAWRL" harness compare "$OUT/outcome.eval.json" "$OUT/prm.eval.json" \
+    | sed 's/^/PRM + outcome (B) vs outcome only (A): /'

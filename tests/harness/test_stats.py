@@ -101,3 +101,33 @@ def test_bad_version_lists_are_config_errors(tmp_path, flag, run, message):
         _versions(args)
     assert _versions(argparse.Namespace(version="0,1", run=str(tmp_path))) == [0, 1]
     assert _versions(argparse.Namespace(version=None, run=None)) == [0]
+
+
+def _eval_json(path, version, passes):
+    import json
+
+    counts = {f"t-{i}": [4, c] for i, c in enumerate(passes)}
+    path.write_text(json.dumps([{"harness": "reference", "version": version, "counts": counts}]))
+    return str(path)
+
+
+def test_compare_prints_each_side_and_the_paired_difference(tmp_path, capsys):
+    from clawrl.cli import main
+
+    a = _eval_json(tmp_path / "a.json", 5, [1] * 10)
+    b = _eval_json(tmp_path / "b.json", 5, [3] * 10)
+    assert main(["harness", "compare", a, b]) == 0
+    out = capsys.readouterr().out
+    assert "reference A (v5): pass@1 0.250 [0.250, 0.250] over 10 tasks" in out
+    assert "reference B - A (paired over 10 tasks): +0.500 [+0.500, +0.500] (beyond noise)" in out
+
+
+def test_compare_refuses_files_that_are_not_eval_output(tmp_path, capsys):
+    from clawrl.cli import main
+
+    a = _eval_json(tmp_path / "a.json", 5, [1, 2])
+    (tmp_path / "bad.json").write_text('[{"harness": "reference", "pass_at_1": 0.5}]')
+    assert main(["harness", "compare", a, str(tmp_path / "bad.json")]) != 0
+    assert "no counts" in capsys.readouterr().err
+    assert main(["harness", "compare", a, a, "--version-b", "3"]) != 0
+    assert "no rows of version 3" in capsys.readouterr().err

@@ -32,6 +32,7 @@ outcome-only vs integrated PRM + outcome, from the same start (same model, tasks
   clawrl harness train --method prm_outcome --judge head --judge-votes 3 --steps 5 --out runs/prm
   clawrl harness eval --split heldout --k 4 --run runs/outcome --version 5
   clawrl harness eval --split heldout --k 4 --run runs/prm --version 5
+  clawrl harness compare outcome.eval.json prm.eval.json      # (from eval --json) B - A
 """
 
 
@@ -95,6 +96,19 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="output dir; its store.db records the rollouts (runs/harness-eval)",
     )
     e.set_defaults(func=cmd_eval, split="heldout")
+
+    c = hsub.add_parser(
+        "compare",
+        help="paired Pass@1 difference of two 'harness eval --json' outputs",
+        description="Compare two evaluations of the same tasks (e.g. outcome-only vs PRM + "
+        "outcome, or a mixed-harness run vs a single-harness one): per harness, each side's "
+        "Pass@1 with its 95 %% interval over tasks, and B - A paired over the tasks both scored.",
+    )
+    c.add_argument("a", help="'clawrl harness eval --json' output (A)")
+    c.add_argument("b", help="'clawrl harness eval --json' output (B)")
+    c.add_argument("--version-a", type=int, help="A's row of this version (default: its last)")
+    c.add_argument("--version-b", type=int, help="B's row of this version (default: its last)")
+    c.set_defaults(func=cmd_compare)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -294,4 +308,44 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(format_eval(runs))
         print(f"isolation: {runner.isolation}; tasks: {len(tasks)} ({args.split}); rollouts: "
               f"{out / 'store.db'} (run {runner.run_id})")  # fmt: skip
+    return 0
+
+
+def _eval_rows(path: str, version: int | None) -> dict[str, dict[str, Any]]:
+    """Harness -> the row of ``version`` (default: the highest) of an eval JSON file."""
+    try:
+        rows = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{path}: not a 'clawrl harness eval --json' output: {e}") from e
+    if not isinstance(rows, list) or not all(
+        isinstance(r, dict) and {"harness", "version", "counts"} <= r.keys() for r in rows
+    ):
+        raise ConfigError(f"{path}: not a 'clawrl harness eval --json' output (no counts)")
+    version = max(r["version"] for r in rows) if version is None and rows else version
+    out = {r["harness"]: r for r in rows if r["version"] == version}
+    if not out:
+        raise ConfigError(f"{path}: no rows of version {version}")
+    return out
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """``clawrl harness compare A.json B.json``."""
+    from clawrl.harness.stats import TaskCount, paired_gain, pass_at_1_ci
+
+    a, b = _eval_rows(args.a, args.version_a), _eval_rows(args.b, args.version_b)
+    shared = [h for h in a if h in b]
+    if not shared:
+        raise ConfigError(f"no harness in both files ({sorted(a)} vs {sorted(b)})")
+    for h in shared:
+        counts = []
+        for name, row in (("A", a[h]), ("B", b[h])):
+            cs = [TaskCount(t, int(n), int(c)) for t, (n, c) in row["counts"].items()]
+            mean, low, high = pass_at_1_ci(cs)
+            print(f"{h} {name} (v{row['version']}): pass@1 {mean:.3f} [{low:.3f}, {high:.3f}] "
+                  f"over {len(cs)} tasks")  # fmt: skip
+            counts.append(cs)
+        gain, low, high, n = paired_gain(counts[0], counts[1])
+        verdict = "beyond noise" if low > 0 or high < 0 else "within noise"
+        print(f"{h} B - A (paired over {n} tasks): {gain:+.3f} [{low:+.3f}, {high:+.3f}] "
+              f"({verdict})")  # fmt: skip
     return 0
