@@ -48,9 +48,15 @@ evaluate() {  # evaluate NAME RUN: held-out Pass@1 of the base model and of RUN'
     --judge-votes "${JUDGE_VOTES:-3}" --out "$OUT/prm" "$@"
 evaluate outcome "$OUT/outcome"
 evaluate prm "$OUT/prm"
-"$CLAWRL" harness compare --version-a 0 "$OUT/outcome.eval.json" "$OUT/outcome.eval.json" \
-    | sed 's/^/outcome only, last version vs base: /'
-"$CLAWRL" harness compare --version-a 0 "$OUT/prm.eval.json" "$OUT/prm.eval.json" \
-    | sed 's/^/PRM + outcome, last version vs base: /'
-"$CLAWRL" harness compare "$OUT/outcome.eval.json" "$OUT/prm.eval.json" \
+for name in outcome prm; do
+    last=$(last_version "$OUT/$name")
+    if [[ $last -gt 0 ]]; then
+        "$CLAWRL" harness compare --version-a 0 --version-b "$last" "$OUT/$name.eval.json" \
+            "$OUT/$name.eval.json" | sed "s/^/$name, v$last vs base: /"
+    else
+        echo "$name: no version was published (every step skipped): nothing to compare" >&2
+    fi
+done
+"$CLAWRL" harness compare --version-a "$(last_version "$OUT/outcome")" \
+    --version-b "$(last_version "$OUT/prm")" "$OUT/outcome.eval.json" "$OUT/prm.eval.json" \
     | sed 's/^/PRM + outcome (B) vs outcome only (A): /'

@@ -12,6 +12,7 @@ from clawrl.harness.stats import (
     paired_gain,
     pass_at_1_ci,
     task_family,
+    verdict,
 )
 
 
@@ -27,14 +28,32 @@ def test_pass_at_1_is_the_mean_of_task_rates_and_the_interval_holds_it():
     mean, low, high = pass_at_1_ci(counts)
     assert mean == pytest.approx(0.5)
     assert 0.0 <= low < mean < high <= 1.0
-    # one task per value: resampling tasks can give anything from all-0 to all-1 means
-    assert low <= 1 / 6 + 1e-9 and high >= 5 / 6 - 1e-9
     assert all(math.isnan(x) for x in pass_at_1_ci([]))
 
 
-def test_identical_tasks_give_a_zero_width_interval():
-    counts = [TaskCount(f"t-{i}", 4, 2) for i in range(10)]
-    assert pass_at_1_ci(counts) == (0.5, 0.5, 0.5)
+def test_rollout_noise_widens_the_interval_of_identical_tasks():
+    # every task passed 1 of 4: another 4 rollouts per task could pass more or fewer
+    mean, low, high = pass_at_1_ci([TaskCount(f"t{i}-0", 4, 1) for i in range(10)])
+    assert mean == 0.25 and low < 0.2 and high > 0.3
+    # but a task that always (or never) passes gives the binomial stage nothing to redraw
+    assert pass_at_1_ci([TaskCount(f"t{i}-0", 4, 4) for i in range(10)]) == (1.0, 1.0, 1.0)
+
+
+def test_variants_of_one_family_are_not_independent_evidence():
+    # 2 families x 10 variants: family a always passes, family b never does
+    clustered = [TaskCount(f"{f}-{i}", 4, 4 if f == "a" else 0) for f in "ab" for i in range(10)]
+    _, low, high = pass_at_1_ci(clustered)
+    assert low <= 0.05 and high >= 0.95  # drawing 2 families: all a, all b, or one of each
+    spread = [TaskCount(f"f{i}-0", 4, 4 if i % 2 else 0) for i in range(20)]
+    _, low2, high2 = pass_at_1_ci(spread)  # 20 families: much more evidence
+    assert high2 - low2 < (high - low) / 2
+
+
+def test_task_counts_must_be_possible():
+    with pytest.raises(ValueError, match="0 <= c <= n"):
+        TaskCount("t-0", 4, 5)
+    with pytest.raises(ValueError, match="n >= 1"):
+        TaskCount("t-0", 0, 0)
 
 
 def test_family_rates_average_their_tasks():
@@ -43,11 +62,21 @@ def test_family_rates_average_their_tasks():
 
 
 def test_paired_gain_uses_only_shared_tasks_and_detects_a_uniform_gain():
-    before = [TaskCount(f"t-{i}", 4, 1) for i in range(12)] + [TaskCount("only-before", 4, 0)]
-    after = [TaskCount(f"t-{i}", 4, 3) for i in range(12)] + [TaskCount("only-after", 4, 4)]
+    before = [TaskCount(f"t{i}-0", 4, 0) for i in range(12)] + [TaskCount("only-before", 4, 0)]
+    after = [TaskCount(f"t{i}-0", 4, 4) for i in range(12)] + [TaskCount("only-after", 4, 4)]
     gain, low, high, n = paired_gain(before, after)
-    assert n == 12 and gain == pytest.approx(0.5) and low == pytest.approx(0.5)
-    assert high == pytest.approx(0.5)
+    assert (gain, low, high, n) == (1.0, 1.0, 1.0, 12)
+    before = [TaskCount(f"t{i}-0", 8, 2) for i in range(12)]
+    after = [TaskCount(f"t{i}-0", 8, 6) for i in range(12)]
+    gain, low, high, _ = paired_gain(before, after)
+    assert gain == pytest.approx(0.5) and 0.3 < low < 0.5 < high < 0.7
+    assert verdict(low, high, 12) == "beyond noise"
+
+
+def test_verdicts_need_an_interval_and_enough_tasks():
+    assert verdict(0.1, 0.3, 12) == "beyond noise" and verdict(-0.3, -0.1, 12) == "beyond noise"
+    assert verdict(-0.1, 0.3, 12) == "within noise"
+    assert verdict(0.1, 0.3, 1) == "n/a" and verdict(math.nan, math.nan, 0) == "n/a"
 
 
 def test_paired_gain_of_mixed_changes_straddles_zero():
@@ -73,15 +102,17 @@ def _row(counts):
 def test_the_eval_table_gives_intervals_the_paired_gain_and_families():
     from clawrl.harness.loop import format_eval
 
-    before = [TaskCount(f"{fam}-{i}", 4, 1) for fam in ("a", "b") for i in range(6)]
-    after = [TaskCount(f"{fam}-{i}", 4, 3 if fam == "a" else 1) for fam in ("a", "b")
+    before = [TaskCount(f"{fam}-{i}", 4, 0) for fam in ("a", "b") for i in range(6)]
+    after = [TaskCount(f"{fam}-{i}", 4, 4 if fam == "a" else 0) for fam in ("a", "b")
              for i in range(6)]  # fmt: skip
     text = format_eval([(0, [_row(before)]), (8, [_row(after)])])
-    assert "0.250 [0.250, 0.250]" in text  # every task at 1 of 4: no spread
+    assert "0.000 [0.000, 0.000]" in text and "0.500 [" in text
     (gain,) = [line for line in text.splitlines() if line.startswith("gain v8 - v0")]
-    assert "paired over 12 tasks" in gain and "+0.250 [" in gain and "beyond noise" in gain
+    # 2 families, one gained everything, one nothing: the gain is not beyond noise
+    assert "paired over 12 tasks" in gain and "+0.500 [+0.000, +1.000]" in gain
+    assert "within noise" in gain
     fam_a = next(line for line in text.splitlines() if line.strip().startswith("a "))
-    assert fam_a.split()[1:] == ["0.25", "0.75"]
+    assert fam_a.split()[1:] == ["0.00", "1.00"]
 
 
 @pytest.mark.parametrize(
@@ -114,12 +145,12 @@ def _eval_json(path, version, passes):
 def test_compare_prints_each_side_and_the_paired_difference(tmp_path, capsys):
     from clawrl.cli import main
 
-    a = _eval_json(tmp_path / "a.json", 5, [1] * 10)
-    b = _eval_json(tmp_path / "b.json", 5, [3] * 10)
+    a = _eval_json(tmp_path / "a.json", 5, [0] * 10)
+    b = _eval_json(tmp_path / "b.json", 5, [4] * 10)
     assert main(["harness", "compare", a, b]) == 0
     out = capsys.readouterr().out
-    assert "reference A (v5): pass@1 0.250 [0.250, 0.250] over 10 tasks" in out
-    assert "reference B - A (paired over 10 tasks): +0.500 [+0.500, +0.500] (beyond noise)" in out
+    assert "reference A (v5): pass@1 0.000 [0.000, 0.000] over 10 tasks" in out
+    assert "reference B - A (paired over 10 tasks): +1.000 [+1.000, +1.000] (beyond noise)" in out
 
 
 def test_compare_refuses_files_that_are_not_eval_output(tmp_path, capsys):
@@ -128,6 +159,12 @@ def test_compare_refuses_files_that_are_not_eval_output(tmp_path, capsys):
     a = _eval_json(tmp_path / "a.json", 5, [1, 2])
     (tmp_path / "bad.json").write_text('[{"harness": "reference", "pass_at_1": 0.5}]')
     assert main(["harness", "compare", a, str(tmp_path / "bad.json")]) != 0
-    assert "no counts" in capsys.readouterr().err
+    assert "without harness, version and counts" in capsys.readouterr().err
     assert main(["harness", "compare", a, a, "--version-b", "3"]) != 0
     assert "no rows of version 3" in capsys.readouterr().err
+    for counts in ("[4, 9]", "[0, 0]", '"x"'):
+        (tmp_path / "c.json").write_text(
+            '[{"harness": "reference", "version": 1, "counts": {"t-0": ' + counts + "}}]"
+        )
+        assert main(["harness", "compare", a, str(tmp_path / "c.json")]) != 0
+        assert "counts must be [n, c]" in capsys.readouterr().err, counts

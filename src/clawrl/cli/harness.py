@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -274,6 +276,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     tasks = _tasks(args)
     versions = _versions(args)
+    if args.run and not args.version:
+        print(f"note: --run {args.run} without --version evaluates the base policy (version 0); "
+              "pass --version N or 0,N", file=sys.stderr)  # fmt: skip
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     policy = _policy(args.model)
@@ -300,10 +305,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
         runtime.close()
     if args.json:
         print(json.dumps([
-            {**{k: v for k, v in dataclasses.asdict(r).items() if k != "counts"},
+            {**{k: None if isinstance(v, float) and math.isnan(v) else v
+                for k, v in dataclasses.asdict(r).items() if k != "counts"},
              "counts": {c.task_id: [c.n, c.c] for c in r.counts}, "version": version}
             for version, rows in runs for r in rows
-        ]))  # fmt: skip
+        ], allow_nan=False))  # fmt: skip
     else:
         print(format_eval(runs))
         print(f"isolation: {runner.isolation}; tasks: {len(tasks)} ({args.split}); rollouts: "
@@ -312,16 +318,31 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _eval_rows(path: str, version: int | None) -> dict[str, dict[str, Any]]:
-    """Harness -> the row of ``version`` (default: the highest) of an eval JSON file."""
+    """Harness -> the row of ``version`` (default: the highest) of an eval JSON file.
+
+    Raises:
+        ConfigError: unreadable, not an eval output, bad counts, duplicate rows, no such version.
+    """
+    bad = f"{path}: not a 'clawrl harness eval --json' output"
     try:
         rows = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{path}: not a 'clawrl harness eval --json' output: {e}") from e
-    if not isinstance(rows, list) or not all(
-        isinstance(r, dict) and {"harness", "version", "counts"} <= r.keys() for r in rows
-    ):
-        raise ConfigError(f"{path}: not a 'clawrl harness eval --json' output (no counts)")
-    version = max(r["version"] for r in rows) if version is None and rows else version
+        raise ConfigError(f"{bad}: {e}") from e
+    if not isinstance(rows, list) or not rows:
+        raise ConfigError(f"{bad} (want a non-empty JSON list of rows)")
+    for r in rows:
+        if not (isinstance(r, dict) and {"harness", "version", "counts"} <= r.keys()):
+            raise ConfigError(f"{bad} (a row without harness, version and counts)")
+        if not isinstance(r["version"], int) or not isinstance(r["counts"], dict):
+            raise ConfigError(f"{bad} (version must be an integer, counts an object)")
+        for task, nc in r["counts"].items():
+            ok = isinstance(nc, list) and len(nc) == 2 and all(isinstance(x, int) for x in nc)
+            if not ok or not (nc[0] >= 1 and 0 <= nc[1] <= nc[0]):
+                raise ConfigError(f"{bad} (task {task!r}: counts must be [n, c], 0 <= c <= n)")
+    keys = [(r["harness"], r["version"]) for r in rows]
+    if len(set(keys)) != len(keys):
+        raise ConfigError(f"{bad} (two rows of one harness and version)")
+    version = max(r["version"] for r in rows) if version is None else version
     out = {r["harness"]: r for r in rows if r["version"] == version}
     if not out:
         raise ConfigError(f"{path}: no rows of version {version}")
@@ -329,23 +350,27 @@ def _eval_rows(path: str, version: int | None) -> dict[str, dict[str, Any]]:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    """``clawrl harness compare A.json B.json``."""
-    from clawrl.harness.stats import TaskCount, paired_gain, pass_at_1_ci
+    """``clawrl harness compare A.json B.json``: per harness in both, each side's Pass@1 over the
+    tasks both scored, and B - A paired over them."""
+    from clawrl.harness.stats import TaskCount, paired_gain, pass_at_1_ci, verdict
 
     a, b = _eval_rows(args.a, args.version_a), _eval_rows(args.b, args.version_b)
     shared = [h for h in a if h in b]
     if not shared:
         raise ConfigError(f"no harness in both files ({sorted(a)} vs {sorted(b)})")
     for h in shared:
+        tasks = [t for t in a[h]["counts"] if t in b[h]["counts"]]
+        if len(tasks) < max(len(a[h]["counts"]), len(b[h]["counts"])):
+            print(f"{h}: the files scored different tasks; comparing the {len(tasks)} both "
+                  f"scored")  # fmt: skip
         counts = []
         for name, row in (("A", a[h]), ("B", b[h])):
-            cs = [TaskCount(t, int(n), int(c)) for t, (n, c) in row["counts"].items()]
+            cs = [TaskCount(t, *row["counts"][t]) for t in tasks]
             mean, low, high = pass_at_1_ci(cs)
             print(f"{h} {name} (v{row['version']}): pass@1 {mean:.3f} [{low:.3f}, {high:.3f}] "
                   f"over {len(cs)} tasks")  # fmt: skip
             counts.append(cs)
         gain, low, high, n = paired_gain(counts[0], counts[1])
-        verdict = "beyond noise" if low > 0 or high < 0 else "within noise"
         print(f"{h} B - A (paired over {n} tasks): {gain:+.3f} [{low:+.3f}, {high:+.3f}] "
-              f"({verdict})")  # fmt: skip
+              f"({verdict(low, high, n)})")  # fmt: skip
     return 0

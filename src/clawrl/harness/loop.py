@@ -51,6 +51,7 @@ from clawrl.harness.stats import (
     paired_gain,
     pass_at_1_ci,
     task_counts,
+    verdict,
 )
 from clawrl.harness.tasks import BUILTIN_TASKS, Task
 from clawrl.store import GroupDecision, RolloutGroupRecord, RolloutPurpose, RolloutResult, new_id
@@ -352,8 +353,9 @@ class EvalRow:
     """Pass@1 and Pass@k of one harness over the evaluated tasks.
 
     Attributes:
-        pass_at_1_low / pass_at_1_high: the 95 % bootstrap interval of Pass@1 over tasks
-            (:func:`clawrl.harness.stats.pass_at_1_ci`).
+        pass_at_1_low / pass_at_1_high: the 95 % interval of Pass@1 (a bootstrap over
+            families, tasks and rollouts: :func:`clawrl.harness.stats.pass_at_1_ci`); ``nan``
+            without a task.
         families: task family -> its Pass@1 (:func:`clawrl.harness.stats.family_pass_at_1`).
         counts: per task, rollouts with a reward (n) and passes (c): what a paired comparison of
             two evaluations needs (:func:`clawrl.harness.stats.paired_gain`).
@@ -461,6 +463,7 @@ def format_eval(runs: Sequence[tuple[int, Sequence[EvalRow]]]) -> str:
     for version, rows in runs:
         for r in rows:
             ci = f"{r.pass_at_1:.3f} [{r.pass_at_1_low:.3f}, {r.pass_at_1_high:.3f}]"
+            ci = ci if r.tasks else "n/a (no task scored)"
             lines.append(
                 f"{r.harness:<16} {version:>7} {r.tasks:>5} {r.rollouts:>8} "
                 f"{r.verifier_errors + r.harness_errors:>6} {ci:>22} "
@@ -476,8 +479,7 @@ def format_eval(runs: Sequence[tuple[int, Sequence[EvalRow]]]) -> str:
                 gain, low, high, n = paired_gain(base[r.harness].counts, r.counts)
                 lines.append(
                     f"gain v{version} - v{first_version} ({r.harness}, paired over {n} tasks): "
-                    f"{gain:+.3f} [{low:+.3f}, {high:+.3f}]"
-                    + ("  (beyond noise)" if low > 0 or high < 0 else "  (within noise)")
+                    f"{gain:+.3f} [{low:+.3f}, {high:+.3f}]  ({verdict(low, high, n)})"
                 )
     families = sorted({f for _, rows in runs for r in rows for f in r.families})
     if families:

@@ -1,23 +1,30 @@
-"""Harness evaluation statistics: per-task pass counts, Pass@1 with a bootstrap interval over
-tasks, per-family Pass@1, and the paired gain of one evaluation over another.
+"""Harness evaluation statistics: per-task pass counts, Pass@1 with a bootstrap interval, per-family
+Pass@1, and the paired gain of one evaluation over another.
 
-The unit of resampling is the task, not the rollout: the k rollouts of one task are correlated
-(same instruction, same files), so the interval says how much Pass@1 would move with another draw
-of tasks like these. A task's Pass@1 is ``c / n`` (the unbiased estimator of Chen et al. 2021 at
-k = 1); the mean over tasks is the reported Pass@1.
+A task's Pass@1 is ``c / n`` (the unbiased estimator of Chen et al. 2021 at k = 1); the mean over
+tasks is the reported Pass@1. Its 95 % interval comes from a two-stage (cluster) bootstrap that
+follows how the numbers arose: families are drawn with replacement, then tasks within each drawn
+family, then each drawn task's passes are redrawn from Binomial(n, c / n). Tasks of one family
+(variants of one kind of task) are alike, so treating them as independent would give too narrow
+an interval; the binomial stage adds the noise of drawing only n rollouts per task, so a set of
+tasks that all pass 1 of 4 does not get a zero-width interval. A gain is paired: the same draw of
+families and tasks is applied to both evaluations. 2,000 resamples, percentile interval.
 """
 
 from __future__ import annotations
 
 import math
+import random
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from clawrl.demo.stats import bootstrap_ci, paired_diff_ci
 from clawrl.store import RolloutResult
 
 _VARIANT = re.compile(r"^(.*?)-\d+$")
+RESAMPLES = 2000
+MIN_TASKS_FOR_VERDICT = 4
+"""A gain over fewer shared tasks gets no beyond/within-noise verdict."""
 
 
 def task_family(task_id: str) -> str:
@@ -29,11 +36,21 @@ def task_family(task_id: str) -> str:
 
 @dataclass(frozen=True)
 class TaskCount:
-    """One task's rollouts in an evaluation: ``n`` with a reward, ``c`` of them passing."""
+    """One task's rollouts in an evaluation: ``n`` with a reward, ``c`` of them passing.
+
+    Raises:
+        ValueError: not ``0 <= c <= n`` or ``n < 1``.
+    """
 
     task_id: str
     n: int
     c: int
+
+    def __post_init__(self) -> None:
+        if self.n < 1 or not 0 <= self.c <= self.n:
+            raise ValueError(
+                f"task {self.task_id}: need 0 <= c <= n and n >= 1, got {self.n=}, {self.c=}"
+            )
 
     @property
     def pass_at_1(self) -> float:
@@ -57,14 +74,44 @@ def task_counts(
     return [TaskCount(t, len(v), sum(x >= pass_threshold for x in v)) for t, v in seen.items() if v]
 
 
+def _binomial_rate(rng: random.Random, n: int, p: float) -> float:
+    return sum(rng.random() < p for _ in range(n)) / n
+
+
+def _bootstrap(pairs: Sequence[tuple[str, tuple[TaskCount, ...]]], seed: int) -> list[float]:
+    """Sorted bootstrap means of ``sum(sign * c/n)`` per task (see the module docstring):
+    ``pairs`` holds per task id its one (level) or two (before, after: a gain) counts."""
+    families: dict[str, list[tuple[TaskCount, ...]]] = {}
+    for task_id, counts in pairs:
+        families.setdefault(task_family(task_id), []).append(counts)
+    groups = list(families.values())
+    rng = random.Random(seed)
+    means = []
+    for _ in range(RESAMPLES):
+        total, tasks = 0.0, 0
+        for _ in range(len(groups)):
+            group = groups[rng.randrange(len(groups))]
+            for _ in range(len(group)):
+                counts = group[rng.randrange(len(group))]
+                rates = [_binomial_rate(rng, t.n, t.pass_at_1) for t in counts]
+                total += rates[-1] - (rates[0] if len(rates) == 2 else 0.0)
+                tasks += 1
+        means.append(total / tasks)
+    return sorted(means)
+
+
+def _percentiles(means: Sequence[float]) -> tuple[float, float]:
+    return means[int(0.025 * len(means))], means[min(len(means) - 1, int(0.975 * len(means)))]
+
+
 def pass_at_1_ci(counts: Sequence[TaskCount], *, seed: int = 0) -> tuple[float, float, float]:
-    """``(Pass@1, low, high)``: the mean of each task's ``c / n`` and its 95 % percentile
-    bootstrap interval over tasks (2,000 resamples); ``nan`` for no tasks."""
-    values = [t.pass_at_1 for t in counts]
-    if not values:
+    """``(Pass@1, low, high)``: the mean of each task's ``c / n`` and its 95 % two-stage
+    bootstrap interval (module docstring); ``nan`` for no tasks."""
+    if not counts:
         return math.nan, math.nan, math.nan
-    low, high = bootstrap_ci(values, seed=seed)
-    return sum(values) / len(values), low, high
+    mean = sum(t.pass_at_1 for t in counts) / len(counts)
+    low, high = _percentiles(_bootstrap([(t.task_id, (t,)) for t in counts], seed))
+    return mean, low, high
 
 
 def family_pass_at_1(counts: Sequence[TaskCount]) -> dict[str, tuple[float, int]]:
@@ -79,15 +126,21 @@ def paired_gain(
     before: Sequence[TaskCount], after: Sequence[TaskCount], *, seed: int = 0
 ) -> tuple[float, float, float, int]:
     """``(gain, low, high, tasks)``: mean over the tasks both evaluations scored of
-    ``after.c/n - before.c/n``, with its 95 % paired bootstrap interval over those tasks.
-
-    An interval that excludes 0 is a gain beyond the noise of drawing these tasks (and these
-    k rollouts of each); ``nan`` when no task is shared.
-    """
-    b = {t.task_id: t.pass_at_1 for t in before}
-    a = {t.task_id: t.pass_at_1 for t in after}
+    ``after.c/n - before.c/n``, with its 95 % paired two-stage bootstrap interval (module
+    docstring); ``nan`` when no task is shared."""
+    b = {t.task_id: t for t in before}
+    a = {t.task_id: t for t in after}
     common = [t for t in b if t in a]
     if not common:
         return math.nan, math.nan, math.nan, 0
-    gain, low, high = paired_diff_ci([b[t] for t in common], [a[t] for t in common], seed=seed)
+    gain = sum(a[t].pass_at_1 - b[t].pass_at_1 for t in common) / len(common)
+    low, high = _percentiles(_bootstrap([(t, (b[t], a[t])) for t in common], seed))
     return gain, low, high, len(common)
+
+
+def verdict(low: float, high: float, tasks: int) -> str:
+    """``beyond noise`` when the interval of a gain excludes 0, ``within noise`` when it holds
+    0, ``n/a`` without an interval or with fewer than :data:`MIN_TASKS_FOR_VERDICT` tasks."""
+    if tasks < MIN_TASKS_FOR_VERDICT or not (math.isfinite(low) and math.isfinite(high)):
+        return "n/a"
+    return "beyond noise" if low > 0 or high < 0 else "within noise"

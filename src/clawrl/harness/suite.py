@@ -2,11 +2,12 @@
 
 Eight kinds (families) of small shell tasks, eight variants each (64 tasks): variants 0 and 1 of
 every family are held out (16 tasks), the other six are for training (48). A held-out task is
-never a copy of a training task: its names, words, numbers or bug differ; the split is
+never a copy of a training task: its names, words or numbers differ; the split is
 stratified by family, so held-out Pass@1 per family (``clawrl harness eval`` prints it) is
 measured on tasks of the kinds trained on. Verifiers are Python scripts that give partial
-credit (0.5 for the right file existing, 1.0 for the right content), so groups have reward
-variance even when no rollout fully succeeds. The instructions were worded for the embedded
+credit (0.5 for half the job: the right file with wrong content, one of two directories or
+files, the word written but not replaced; 1.0 for all of it), so groups have reward variance
+even when no rollout fully succeeds. The instructions were worded for the embedded
 model (SmolLM2-135M) through the reference agent; README's harness section gives each family's
 measured base Pass@1. Three earlier families (find a word's file, append a line, fix a bug in
 calc.py) were dropped: the model passed none of 40-56 tries of each. The shipped copy lives in ``clawrl/harness/tasks``; a test checks that it
@@ -135,7 +136,7 @@ KINDS: list[Callable[[int], Spec]] = [
 VARIANTS = 8
 HELDOUT_VARIANTS = 2
 """Variants 0 and 1 of every kind are held out (other instances of the same kind of task: other
-names, words, numbers, bugs), the rest are for training."""
+names, words, numbers), the rest are for training."""
 
 
 def specs() -> list[Spec]:

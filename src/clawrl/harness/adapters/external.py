@@ -198,8 +198,7 @@ class MiniSweAgentAdapter(ExternalAdapter):
         return launch
 
 
-MINI_TEXT_CONFIG = """\
-# clawrl's templates for mini-swe-agent's text-based mode (mini_textbased.yaml), written for
+MINI_TEXT_CONFIG = r"""# clawrl's templates for mini-swe-agent's text-based mode (mini_textbased.yaml), written for
 # small models: one short instruction, one worked example, the task. The action is the first
 # ```bash block; the example shows the submit command that ends the run.
 agent:
@@ -212,7 +211,8 @@ agent:
     ```bash
     echo cat > x.txt
     ```
-    Example output: (exit code 0)
+    Example output:
+    (exit code 0)
     Example reply:
     ```bash
     echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT
@@ -221,10 +221,11 @@ agent:
     Task: {{task}}
 model:
   model_class: litellm_textbased
-  action_regex: "```(?:bash|sh)?[ \\t]*\\n(.*?)\\n?```"
+  action_regex: '```(?:bash|sh|shell|console)?[ \t]*\n(?!```)(.+?)\n?```'
   observation_template: |
     Output:
-    {{ output.output[-1500:] -}}
+    {% if output.exception_info %}{{ output.exception_info }}
+    {% endif %}{{ output.output[-1500:] | trim }}
     (exit code {{ output.returncode }})
   format_error_template: |
     Reply with one shell command in a ```bash block.
