@@ -11,9 +11,9 @@ from clawrl.harness.stats import (
     family_pass_at_1,
     paired_gain,
     pass_at_1_ci,
+    task_family,
     verdict,
 )
-from clawrl.harness.tasks import task_family
 
 
 def test_task_family_strips_the_variant_number():

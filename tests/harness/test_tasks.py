@@ -74,7 +74,7 @@ def test_partial_and_wrong_answers_score_below_one(task_id, command, reward):
 
 
 def test_every_family_has_held_out_and_train_variants():
-    from clawrl.harness.tasks import task_family
+    from clawrl.harness.stats import task_family
 
     tasks = load_tasks("builtin")
     for family in {task_family(t.id) for t in tasks}:
@@ -90,16 +90,3 @@ def test_invalid_tasks_are_config_errors(tmp_path):
     (tmp_path / "t" / "task.toml").write_text('split = "train"\n')
     with pytest.raises(ConfigError, match="instruction"):
         load_task(tmp_path / "t")
-
-
-def test_training_order_interleaves_families():
-    from clawrl.harness.tasks import interleave_families, task_family
-
-    tasks = load_tasks("builtin", split="train")
-    order = interleave_families(tasks)
-    assert sorted(t.id for t in order) == sorted(t.id for t in tasks)
-    families = sorted({task_family(t.id) for t in tasks})
-    first_round = [task_family(t.id) for t in order[: len(families)]]
-    assert sorted(first_round) == families  # every family before any family's second task
-    ids = [t.id for t in order]
-    assert ids.index("copy-file-2") < ids.index("copy-file-3")  # a family keeps its order

@@ -4,8 +4,7 @@ One process holds the policy, the engine, the gateway (a live server on ``127.0.
 ephemeral port) and the store, all built by :func:`clawrl.runtime.build_runtime`. Each training
 step:
 
-1. picks ``tasks_per_step`` train tasks (round-robin over the tasks, families interleaved:
-   :func:`clawrl.harness.tasks.interleave_families`) and runs ``group_size`` rollouts of each
+1. picks ``tasks_per_step`` train tasks (round-robin) and runs ``group_size`` rollouts of each
    task with each harness (in parallel threads; the engine batches their calls);
 2. keeps the groups with signal (:mod:`clawrl.harness.groups`), counting the others;
 3. rebuilds each kept rollout's prefix tree and turns its trained turns into samples carrying the
@@ -54,7 +53,7 @@ from clawrl.harness.stats import (
     task_counts,
     verdict,
 )
-from clawrl.harness.tasks import BUILTIN_TASKS, Task, interleave_families
+from clawrl.harness.tasks import BUILTIN_TASKS, Task
 from clawrl.store import GroupDecision, RolloutGroupRecord, RolloutPurpose, RolloutResult, new_id
 from clawrl.trainer.judge_worker import JudgeFn
 from clawrl.trainer.types import TrainSample
@@ -273,7 +272,6 @@ def _train_steps(
     judged = step_judge is not None
     history: list[dict[str, float]] = []
     cursor = 0
-    tasks = interleave_families(tasks)  # each step mixes kinds of task
     for step in range(steps):
         t0 = time.perf_counter()
         chosen = [tasks[(cursor + i) % len(tasks)] for i in range(min(tasks_per_step, len(tasks)))]

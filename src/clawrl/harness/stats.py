@@ -15,15 +15,23 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from clawrl.harness.tasks import task_family
 from clawrl.store import RolloutResult
 
+_VARIANT = re.compile(r"^(.*?)-\d+$")
 RESAMPLES = 2000
 MIN_TASKS_FOR_VERDICT = 4
 """A gain over fewer shared tasks gets no beyond/within-noise verdict."""
+
+
+def task_family(task_id: str) -> str:
+    """The family of a task id: the id without a trailing ``-N`` (``copy-file-3`` ->
+    ``copy-file``); an id without one is its own family."""
+    match = _VARIANT.match(task_id)
+    return match.group(1) if match else task_id
 
 
 @dataclass(frozen=True)

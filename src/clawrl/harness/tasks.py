@@ -22,9 +22,7 @@ The harness never sees ``task.toml`` or ``verify``: only ``files/`` is copied in
 from __future__ import annotations
 
 import os
-import re
 import tomllib
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +31,6 @@ from clawrl.errors import ConfigError
 
 BUILTIN_TASKS = Path(__file__).with_name("tasks")
 """The built-in suite shipped with clawrl (``clawrl harness ... --tasks builtin``)."""
-_VARIANT = re.compile(r"^(.*?)-\d+$")
 
 
 @dataclass(frozen=True)
@@ -128,27 +125,3 @@ def load_tasks(root: str | Path, *, split: str | None = None) -> list[Task]:
     if not tasks:
         raise ConfigError(f"no tasks under {root}" + (f" with split {split!r}" if split else ""))
     return sorted(tasks, key=lambda t: t.id)
-
-
-def task_family(task_id: str) -> str:
-    """The family of a task id: the id without a trailing ``-N`` (``copy-file-3`` ->
-    ``copy-file``); an id without one is its own family."""
-    match = _VARIANT.match(task_id)
-    return match.group(1) if match else task_id
-
-
-def interleave_families(tasks: Sequence[Task]) -> list[Task]:
-    """``tasks`` reordered so families take turns (the first task of each family, then the
-    second of each, ...), each family keeping its own order.
-
-    Training walks its tasks round-robin, a few per step; in id order the built-in suite would
-    give each step one or two families, and successive steps would pull the policy toward one
-    kind of task after another (measured: a family trained early was lost by the end).
-    """
-    families: dict[str, list[Task]] = {}
-    for t in tasks:
-        families.setdefault(task_family(t.id), []).append(t)
-    out: list[Task] = []
-    for i in range(max((len(v) for v in families.values()), default=0)):
-        out.extend(v[i] for v in families.values() if i < len(v))
-    return out
