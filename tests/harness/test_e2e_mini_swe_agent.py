@@ -33,23 +33,29 @@ pytestmark = [
 CALL = '<tool_call>{{"name": "bash", "arguments": {{"command": "{}"}}}}</tool_call>'
 
 
+def _one_rollout(store, tokenizer, harness, replies, default_reply):
+    """One create-file-0 rollout through ``harness`` against a scripted engine."""
+    engine = ScriptedEngine(tokenizer, replies, default_reply=default_reply)
+    settings = HarnessSettings(harnesses=[harness], parallel=1)
+    app = create_app(engine, tokenizer, store, model_name=settings.model_name)
+    runner = HarnessRunner(app, store, settings)
+    try:
+        (rollout,) = runner.run(
+            [(load_task(BUILTIN_TASKS / "create-file-0"), runner.adapters[0], "g")]
+        )
+    finally:
+        runner.close()
+    return rollout
+
+
 @pytest.mark.timeout(300)
 def test_mini_swe_agent_rollout_gets_reward_and_training_rows(tmp_path, tokenizer):
     replies = [
         CALL.format("echo hello > hello.txt"),
         CALL.format("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"),
     ]
-    engine = ScriptedEngine(tokenizer, replies, default_reply=replies[-1])
-    settings = HarnessSettings(harnesses=["mini-swe-agent"], parallel=1)
     with Store(tmp_path / "s.db") as store:
-        app = create_app(engine, tokenizer, store, model_name=settings.model_name)
-        runner = HarnessRunner(app, store, settings)
-        try:
-            (rollout,) = runner.run(
-                [(load_task(BUILTIN_TASKS / "create-file-0"), runner.adapters[0], "g")]
-            )
-        finally:
-            runner.close()
+        rollout = _one_rollout(store, tokenizer, "mini-swe-agent", replies, replies[-1])
         assert rollout.reward == 1.0, rollout.harness_tail
         turns = store.session_turns(rollout.id)
         assert len(turns) == 2  # every call attributed to the rollout by its URL prefix
@@ -63,17 +69,8 @@ def test_mini_swe_agent_text_mode_parses_a_bash_block_and_submits(tmp_path, toke
         "I will write the file.\n```bash\necho hello > hello.txt\n```",
         "```bash\necho COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n```",
     ]
-    engine = ScriptedEngine(tokenizer, replies, default_reply="no command here")
-    settings = HarnessSettings(harnesses=["mini-swe-agent-text"], parallel=1)
     with Store(tmp_path / "s.db") as store:
-        app = create_app(engine, tokenizer, store, model_name=settings.model_name)
-        runner = HarnessRunner(app, store, settings)
-        try:
-            (rollout,) = runner.run(
-                [(load_task(BUILTIN_TASKS / "create-file-0"), runner.adapters[0], "g")]
-            )
-        finally:
-            runner.close()
+        rollout = _one_rollout(store, tokenizer, "mini-swe-agent-text", replies, "no command here")
         assert rollout.reward == 1.0, rollout.harness_tail
         turns = store.session_turns(rollout.id)
         assert len(turns) == 2  # the submit command ended the run: no third call
