@@ -49,6 +49,24 @@ def test_variants_of_one_family_are_not_independent_evidence():
     assert high2 - low2 < (high - low) / 2
 
 
+def test_the_tasks_scope_keeps_families_fixed_and_redraws_their_variants():
+    # family a gains on every variant, family b on half of them (noisily): over families, a draw
+    # of b twice can show little gain; over tasks within families, a is always in the draw
+    before = [TaskCount(f"{f}-{i}", 4, 1) for f in "ab" for i in range(8)]
+    after = [
+        TaskCount(f"{f}-{i}", 4, 4 if f == "a" or i % 2 else 1) for f in "ab" for i in range(8)
+    ]
+    gain, low_f, high_f, n = paired_gain(before, after, over="families")
+    gain_t, low_t, high_t, _ = paired_gain(before, after, over="tasks")
+    assert gain == gain_t == pytest.approx(0.5625) and n == 16
+    assert low_f < low_t < gain < high_t < high_f
+    # one family: the two scopes draw the same way
+    one = [TaskCount(f"a-{i}", 4, i % 5) for i in range(8)]
+    assert pass_at_1_ci(one, over="tasks") == pass_at_1_ci(one, over="families")
+    with pytest.raises(ValueError, match="over must be one of"):
+        pass_at_1_ci(one, over="rollouts")
+
+
 def test_task_counts_must_be_possible():
     with pytest.raises(ValueError, match="0 <= c <= n"):
         TaskCount("t-0", 4, 5)
@@ -108,9 +126,11 @@ def test_the_eval_table_gives_intervals_the_paired_gain_and_families():
     text = format_eval([(0, [_row(before)]), (8, [_row(after)])])
     assert "0.000 [0.000, 0.000]" in text and "0.500 [" in text
     (gain,) = [line for line in text.splitlines() if line.startswith("gain v8 - v0")]
-    # 2 families, one gained everything, one nothing: the gain is not beyond noise
-    assert "paired over 12 tasks" in gain and "+0.500 [+0.000, +1.000]" in gain
-    assert "within noise" in gain
+    # 2 families, one gained everything, one nothing: beyond noise for other variants of these
+    # two families (every variant of a gained, none of b), not for other families
+    assert "+0.500 over 12 tasks" in gain
+    assert "[+0.000, +1.000] over families (within noise)" in gain
+    assert "[+0.500, +0.500] over tasks within families (beyond noise)" in gain
     fam_a = next(line for line in text.splitlines() if line.strip().startswith("a "))
     assert fam_a.split()[1:] == ["0.00", "1.00"]
 
@@ -150,7 +170,10 @@ def test_compare_prints_each_side_and_the_paired_difference(tmp_path, capsys):
     assert main(["harness", "compare", a, b]) == 0
     out = capsys.readouterr().out
     assert "reference A (v5): pass@1 0.000 [0.000, 0.000] over 10 tasks" in out
-    assert "reference B - A (paired over 10 tasks): +1.000 [+1.000, +1.000] (beyond noise)" in out
+    assert (
+        "reference B - A (paired): +1.000 over 10 tasks: [+1.000, +1.000] over families "
+        "(beyond noise); [+1.000, +1.000] over tasks within families (beyond noise)" in out
+    )
 
 
 def test_compare_refuses_files_that_are_not_eval_output(tmp_path, capsys):
@@ -168,3 +191,39 @@ def test_compare_refuses_files_that_are_not_eval_output(tmp_path, capsys):
         )
         assert main(["harness", "compare", a, str(tmp_path / "c.json")]) != 0
         assert "counts must be [n, c]" in capsys.readouterr().err, counts
+
+
+def test_several_runs_get_a_mean_gain_with_an_interval_over_runs(tmp_path, capsys):
+    from clawrl.cli import main
+
+    a = _eval_json(tmp_path / "a.json", 0, [0] * 10)
+    runs = [_eval_json(tmp_path / f"b{i}.json", 15, [c] * 10) for i, c in enumerate([2, 3, 4])]
+    assert main(["harness", "compare", a, *runs]) == 0
+    out = capsys.readouterr().out
+    assert "reference B3 - A (paired): +1.000 over 10 tasks" in out
+    # gains 0.5, 0.75, 1.0: sd 0.25, t(0.975, 2) = 4.303 -> half-width 0.621
+    assert "mean B - A over 3 runs: +0.750, 95 % t-interval over runs [+0.129, +1.371]" in out
+    assert "(runs: +0.500, +0.750, +1.000)" in out
+
+
+def test_across_runs_needs_runs_and_gives_no_interval_for_one():
+    from clawrl.harness.stats import across_runs
+
+    mean, low, high = across_runs([0.25])
+    assert mean == 0.25 and math.isnan(low) and math.isnan(high)
+    with pytest.raises(ValueError, match="at least one"):
+        across_runs([])
+
+
+def test_compare_can_keep_only_matching_tasks(tmp_path, capsys):
+    from clawrl.cli import main
+
+    a = _eval_json(tmp_path / "a.json", 0, [0] * 12)
+    b = _eval_json(tmp_path / "b.json", 1, [4] * 8 + [0] * 4)  # t-8..t-11 did not gain
+    assert main(["harness", "compare", r"--match=-(8|9|1[01])$", a, b]) == 0
+    out = capsys.readouterr().out
+    assert "4 tasks match" in out and "B - A (paired): +0.000 over 4 tasks" in out
+    assert main(["harness", "compare", "--match", "(", a, b]) != 0
+    assert "--match '(' is not a regex" in capsys.readouterr().err
+    assert main(["harness", "compare", "--match", "nothing", a, b]) != 0
+    assert "no task to compare" in capsys.readouterr().err

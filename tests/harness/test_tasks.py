@@ -47,6 +47,15 @@ COMMANDS = {
     "rename-file-0": "mv old.txt new.txt",
     "delete-file-3": "rm cache.dat error.log",
     "replace-word-2": "sed -i 's/world/friend/' greeting.txt",
+    # variants 8-13 (held out, added later)
+    "create-file-9": "echo cloud > sky.txt",
+    "write-number-13": "echo 8080 > port.txt",
+    "count-lines-13": "wc -l < data.txt > count.txt",
+    "make-dir-8": "mkdir lib bin",
+    "copy-file-13": "cp plan.txt plan.bak",
+    "rename-file-11": "mv m.txt n.txt",
+    "delete-file-10": "rm foo.tmp bar.tmp",
+    "replace-word-12": "sed -i 's/world/everyone/' greeting.txt",
 }
 
 
@@ -79,7 +88,10 @@ def test_every_family_has_held_out_and_train_variants():
     tasks = load_tasks("builtin")
     for family in {task_family(t.id) for t in tasks}:
         splits = [t.split for t in tasks if task_family(t.id) == family]
-        assert splits.count("heldout") == 2 and splits.count("train") == 6, family
+        assert splits.count("heldout") == 8 and splits.count("train") == 6, family
+        train = sorted(int(t.id.rsplit("-", 1)[1]) for t in tasks
+                       if task_family(t.id) == family and t.split == "train")  # fmt: skip
+        assert train == [2, 3, 4, 5, 6, 7], family  # the first runs' training tasks, unchanged
 
 
 def test_invalid_tasks_are_config_errors(tmp_path):

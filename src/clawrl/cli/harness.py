@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import math
+import re
 import sys
 import time
 from pathlib import Path
@@ -101,15 +102,26 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
     c = hsub.add_parser(
         "compare",
-        help="paired Pass@1 difference of two 'harness eval --json' outputs",
-        description="Compare two evaluations of the same tasks (e.g. outcome-only vs PRM + "
-        "outcome, or a mixed-harness run vs a single-harness one): per harness, each side's "
-        "Pass@1 with its 95 %% interval over tasks, and B - A paired over the tasks both scored.",
+        help="paired Pass@1 difference of 'harness eval --json' outputs (B - A, per run)",
+        description="Compare evaluations of the same tasks (e.g. outcome-only vs PRM + outcome, "
+        "a mixed-harness run vs a single-harness one, or several training seeds vs the base): "
+        "per harness, each side's Pass@1 with its 95 %% interval, and B - A paired over the tasks "
+        "both scored, with intervals over families and over tasks within families. Given several "
+        "B files (one per training run), also the mean gain over runs with a Student-t interval "
+        "over runs.",
+        epilog="examples:\n"
+        "  clawrl harness compare outcome.eval.json prm.eval.json\n"
+        "  clawrl harness compare --version-a 0 --version-b 15 base.json s0.json s1.json s2.json\n"
+        "  clawrl harness compare --match='-(8|9|1[0-3])$' base.json run.json  # variants 8-13",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     c.add_argument("a", help="'clawrl harness eval --json' output (A)")
-    c.add_argument("b", help="'clawrl harness eval --json' output (B)")
+    c.add_argument("b", nargs="+", help="'clawrl harness eval --json' output(s) (B; one per run)")
     c.add_argument("--version-a", type=int, help="A's row of this version (default: its last)")
-    c.add_argument("--version-b", type=int, help="B's row of this version (default: its last)")
+    c.add_argument("--version-b", type=int, help="each B's row of this version (default: last)")
+    c.add_argument(
+        "--match", help="compare only the tasks whose id matches this regex (--match=REGEX)"
+    )
     c.set_defaults(func=cmd_compare)
 
 
@@ -350,27 +362,56 @@ def _eval_rows(path: str, version: int | None) -> dict[str, dict[str, Any]]:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    """``clawrl harness compare A.json B.json``: per harness in both, each side's Pass@1 over the
-    tasks both scored, and B - A paired over them."""
-    from clawrl.harness.stats import TaskCount, paired_gain, pass_at_1_ci, verdict
+    """``clawrl harness compare A.json B.json [B2.json ...]``: per harness in all files, each
+    side's Pass@1 over the tasks all scored, B - A paired over them for each B, and with several
+    B files the mean gain over them (:func:`clawrl.harness.stats.across_runs`).
 
-    a, b = _eval_rows(args.a, args.version_a), _eval_rows(args.b, args.version_b)
-    shared = [h for h in a if h in b]
+    Raises:
+        ConfigError: a file is not eval output, no harness or no task is in every file, or
+            ``--match`` is not a valid regex.
+    """
+    from clawrl.harness.stats import (
+        TaskCount,
+        across_runs,
+        describe_gain,
+        paired_gain,
+        pass_at_1_ci,
+    )
+
+    try:
+        match = re.compile(args.match) if args.match else None
+    except re.error as e:
+        raise ConfigError(f"--match {args.match!r} is not a regex: {e}") from e
+    a = _eval_rows(args.a, args.version_a)
+    bs = [(path, _eval_rows(path, args.version_b)) for path in args.b]
+    shared = [h for h in a if all(h in b for _, b in bs)]
     if not shared:
-        raise ConfigError(f"no harness in both files ({sorted(a)} vs {sorted(b)})")
+        raise ConfigError(f"no harness in every file ({sorted(a)} vs {[sorted(b) for _, b in bs]})")
     for h in shared:
-        tasks = [t for t in a[h]["counts"] if t in b[h]["counts"]]
-        if len(tasks) < max(len(a[h]["counts"]), len(b[h]["counts"])):
-            print(f"{h}: the files scored different tasks; comparing the {len(tasks)} both "
-                  f"scored")  # fmt: skip
-        counts = []
-        for name, row in (("A", a[h]), ("B", b[h])):
+        rows = [("A", a[h])] + [(f"B{i + 1}" if len(bs) > 1 else "B", b[h]) for i, (_, b) in
+                                enumerate(bs)]  # fmt: skip
+        tasks = [t for t in a[h]["counts"] if all(t in row["counts"] for _, row in rows)]
+        if match:
+            tasks = [t for t in tasks if match.search(t)]
+            print(f"{h}: {len(tasks)} tasks match {args.match!r}")
+        elif len(tasks) < max(len(row["counts"]) for _, row in rows):
+            print(f"{h}: the files scored different tasks; comparing the {len(tasks)} all scored")
+        if not tasks:
+            raise ConfigError(f"{h}: no task to compare")
+        counts = {}
+        for name, row in rows:
             cs = [TaskCount(t, *row["counts"][t]) for t in tasks]
             mean, low, high = pass_at_1_ci(cs)
             print(f"{h} {name} (v{row['version']}): pass@1 {mean:.3f} [{low:.3f}, {high:.3f}] "
                   f"over {len(cs)} tasks")  # fmt: skip
-            counts.append(cs)
-        gain, low, high, n = paired_gain(counts[0], counts[1])
-        print(f"{h} B - A (paired over {n} tasks): {gain:+.3f} [{low:+.3f}, {high:+.3f}] "
-              f"({verdict(low, high, n)})")  # fmt: skip
+            counts[name] = cs
+        names = [name for name, _ in rows[1:]]
+        for name in names:
+            print(f"{h} {name} - A (paired): {describe_gain(counts['A'], counts[name])}")
+        if len(names) > 1:
+            gains = [paired_gain(counts["A"], counts[name])[0] for name in names]
+            mean, low, high = across_runs(gains)
+            print(f"{h} mean B - A over {len(names)} runs: {mean:+.3f}, 95 % t-interval over "
+                  f"runs [{low:+.3f}, {high:+.3f}] (runs: "
+                  + ", ".join(f"{g:+.3f}" for g in gains) + ")")  # fmt: skip
     return 0

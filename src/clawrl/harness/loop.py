@@ -47,11 +47,10 @@ from clawrl.harness.samples import step_samples
 from clawrl.harness.sandbox import Isolation, choose_isolation
 from clawrl.harness.stats import (
     TaskCount,
+    describe_gain,
     family_pass_at_1,
-    paired_gain,
     pass_at_1_ci,
     task_counts,
-    verdict,
 )
 from clawrl.harness.tasks import BUILTIN_TASKS, Task
 from clawrl.store import GroupDecision, RolloutGroupRecord, RolloutPurpose, RolloutResult, new_id
@@ -476,10 +475,9 @@ def format_eval(runs: Sequence[tuple[int, Sequence[EvalRow]]]) -> str:
             for r in rows:
                 if r.harness not in base:
                     continue
-                gain, low, high, n = paired_gain(base[r.harness].counts, r.counts)
                 lines.append(
-                    f"gain v{version} - v{first_version} ({r.harness}, paired over {n} tasks): "
-                    f"{gain:+.3f} [{low:+.3f}, {high:+.3f}]  ({verdict(low, high, n)})"
+                    f"gain v{version} - v{first_version} ({r.harness}, paired): "
+                    + describe_gain(base[r.harness].counts, r.counts)
                 )
     families = sorted({f for _, rows in runs for r in rows for f in r.families})
     if families:

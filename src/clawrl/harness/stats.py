@@ -9,6 +9,13 @@ family, then each drawn task's passes are redrawn from Binomial(n, c / n). Tasks
 an interval; the binomial stage adds the noise of drawing only n rollouts per task, so a set of
 tasks that all pass 1 of 4 does not get a zero-width interval. A gain is paired: the same draw of
 families and tasks is applied to both evaluations. 2,000 resamples, percentile interval.
+
+Two scopes (``over``): ``"families"`` (the default, above) answers "would it hold for other kinds of
+task like these", so a gain carried by some families and lost by others stays uncertain however
+many variants each family has. ``"tasks"`` keeps the families fixed and redraws tasks within each
+one (a bootstrap over tasks stratified by family, then the binomial stage): it answers "does it
+hold for other variants of these families", the population a split by variant (the built-in
+suite's) samples from. ``clawrl harness eval`` and ``compare`` print a gain's interval in both.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ _VARIANT = re.compile(r"^(.*?)-\d+$")
 RESAMPLES = 2000
 MIN_TASKS_FOR_VERDICT = 4
 """A gain over fewer shared tasks gets no beyond/within-noise verdict."""
+SCOPES = ("families", "tasks")
+"""What a bootstrap redraws (module docstring)."""
 
 
 def task_family(task_id: str) -> str:
@@ -78,9 +87,17 @@ def _binomial_rate(rng: random.Random, n: int, p: float) -> float:
     return sum(rng.random() < p for _ in range(n)) / n
 
 
-def _bootstrap(pairs: Sequence[tuple[str, tuple[TaskCount, ...]]], seed: int) -> list[float]:
+def _bootstrap(
+    pairs: Sequence[tuple[str, tuple[TaskCount, ...]]], seed: int, over: str = "families"
+) -> list[float]:
     """Sorted bootstrap means of ``sum(sign * c/n)`` per task (see the module docstring):
-    ``pairs`` holds per task id its one (level) or two (before, after: a gain) counts."""
+    ``pairs`` holds per task id its one (level) or two (before, after: a gain) counts.
+
+    Raises:
+        ValueError: ``over`` is not one of :data:`SCOPES`.
+    """
+    if over not in SCOPES:
+        raise ValueError(f"over must be one of {SCOPES}, got {over!r}")
     families: dict[str, list[tuple[TaskCount, ...]]] = {}
     for task_id, counts in pairs:
         families.setdefault(task_family(task_id), []).append(counts)
@@ -89,8 +106,8 @@ def _bootstrap(pairs: Sequence[tuple[str, tuple[TaskCount, ...]]], seed: int) ->
     means = []
     for _ in range(RESAMPLES):
         total, tasks = 0.0, 0
-        for _ in range(len(groups)):
-            group = groups[rng.randrange(len(groups))]
+        for g in range(len(groups)):
+            group = groups[rng.randrange(len(groups))] if over == "families" else groups[g]
             for _ in range(len(group)):
                 counts = group[rng.randrange(len(group))]
                 rates = [_binomial_rate(rng, t.n, t.pass_at_1) for t in counts]
@@ -104,13 +121,19 @@ def _percentiles(means: Sequence[float]) -> tuple[float, float]:
     return means[int(0.025 * len(means))], means[min(len(means) - 1, int(0.975 * len(means)))]
 
 
-def pass_at_1_ci(counts: Sequence[TaskCount], *, seed: int = 0) -> tuple[float, float, float]:
-    """``(Pass@1, low, high)``: the mean of each task's ``c / n`` and its 95 % two-stage
-    bootstrap interval (module docstring); ``nan`` for no tasks."""
+def pass_at_1_ci(
+    counts: Sequence[TaskCount], *, seed: int = 0, over: str = "families"
+) -> tuple[float, float, float]:
+    """``(Pass@1, low, high)``: the mean of each task's ``c / n`` and its 95 % bootstrap interval
+    over ``families`` or ``tasks`` (module docstring); ``nan`` for no tasks.
+
+    Raises:
+        ValueError: ``over`` is not one of :data:`SCOPES`.
+    """
     if not counts:
         return math.nan, math.nan, math.nan
     mean = sum(t.pass_at_1 for t in counts) / len(counts)
-    low, high = _percentiles(_bootstrap([(t.task_id, (t,)) for t in counts], seed))
+    low, high = _percentiles(_bootstrap([(t.task_id, (t,)) for t in counts], seed, over))
     return mean, low, high
 
 
@@ -123,18 +146,26 @@ def family_pass_at_1(counts: Sequence[TaskCount]) -> dict[str, tuple[float, int]
 
 
 def paired_gain(
-    before: Sequence[TaskCount], after: Sequence[TaskCount], *, seed: int = 0
+    before: Sequence[TaskCount],
+    after: Sequence[TaskCount],
+    *,
+    seed: int = 0,
+    over: str = "families",
 ) -> tuple[float, float, float, int]:
     """``(gain, low, high, tasks)``: mean over the tasks both evaluations scored of
-    ``after.c/n - before.c/n``, with its 95 % paired two-stage bootstrap interval (module
-    docstring); ``nan`` when no task is shared."""
+    ``after.c/n - before.c/n``, with its 95 % paired bootstrap interval over ``families`` or
+    ``tasks`` (module docstring); ``nan`` when no task is shared.
+
+    Raises:
+        ValueError: ``over`` is not one of :data:`SCOPES`.
+    """
     b = {t.task_id: t for t in before}
     a = {t.task_id: t for t in after}
     common = [t for t in b if t in a]
     if not common:
         return math.nan, math.nan, math.nan, 0
     gain = sum(a[t].pass_at_1 - b[t].pass_at_1 for t in common) / len(common)
-    low, high = _percentiles(_bootstrap([(t, (b[t], a[t])) for t in common], seed))
+    low, high = _percentiles(_bootstrap([(t, (b[t], a[t])) for t in common], seed, over))
     return gain, low, high, len(common)
 
 
@@ -144,3 +175,43 @@ def verdict(low: float, high: float, tasks: int) -> str:
     if tasks < MIN_TASKS_FOR_VERDICT or not (math.isfinite(low) and math.isfinite(high)):
         return "n/a"
     return "beyond noise" if low > 0 or high < 0 else "within noise"
+
+
+def describe_gain(before: Sequence[TaskCount], after: Sequence[TaskCount]) -> str:
+    """``after - before`` as printed by ``clawrl harness eval`` and ``compare``: the paired gain
+    with its interval over families and over tasks within families (module docstring), each with
+    its :func:`verdict`; e.g. ``+0.312 over 16 tasks: [-0.125, +0.672] over families (within
+    noise); [+0.094, +0.531] over tasks within families (beyond noise)``."""
+    parts = []
+    for over in SCOPES:
+        gain, low, high, n = paired_gain(before, after, over=over)
+        scope = "families" if over == "families" else "tasks within families"
+        parts.append(f"[{low:+.3f}, {high:+.3f}] over {scope} ({verdict(low, high, n)})")
+    return f"{gain:+.3f} over {n} tasks: " + "; ".join(parts)
+
+
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)  # fmt: skip
+"""Student's t 97.5 % quantile for 1..30 degrees of freedom."""
+
+
+def across_runs(gains: Sequence[float]) -> tuple[float, float, float]:
+    """``(mean, low, high)``: the mean of one gain measured in several independent runs (training
+    seeds) and its 95 % Student-t interval over runs, ``mean +- t(0.975, r - 1) * sd / sqrt(r)``
+    (``t`` = 2.0 past 30 degrees of freedom). Unlike the bootstrap intervals, which hold one
+    trained policy fixed, it measures how much the result of a training recipe moves from run to
+    run; with 3 runs ``t`` is 4.3, so it is wide. ``nan`` bounds for fewer than 2 runs.
+
+    Raises:
+        ValueError: no gains.
+    """
+    if not gains:
+        raise ValueError("across_runs needs at least one gain")
+    r = len(gains)
+    mean = sum(gains) / r
+    if r < 2:
+        return mean, math.nan, math.nan
+    sd = math.sqrt(sum((g - mean) ** 2 for g in gains) / (r - 1))
+    half = (_T975[r - 2] if r - 1 <= len(_T975) else 2.0) * sd / math.sqrt(r)
+    return mean, mean - half, mean + half

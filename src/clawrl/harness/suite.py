@@ -1,7 +1,7 @@
 """The built-in task suite, generated: ``python -m clawrl.harness.suite DIR`` writes it to DIR.
 
-Eight kinds (families) of small shell tasks, eight variants each (64 tasks): variants 0 and 1 of
-every family are held out (16 tasks), the other six are for training (48). A held-out task is
+Eight kinds (families) of small shell tasks, fourteen variants each (112 tasks): variants 2-7 of
+every family are for training (48 tasks), the other eight (0-1, 8-13) are held out (64). A held-out task is
 never a copy of a training task: its names, words or numbers differ; the split is
 stratified by family, so held-out Pass@1 per family (``clawrl harness eval`` prints it) is
 measured on tasks of the kinds trained on. Verifiers are Python scripts that give partial
@@ -47,7 +47,9 @@ def _read(name: str) -> str:
 def create_file(i: int) -> Spec:
     name, word = [("hello.txt", "hello"), ("note.txt", "apple"), ("a.txt", "blue"),
                   ("out.txt", "seven"), ("b.txt", "green"), ("word.txt", "tree"),
-                  ("pet.txt", "dog"), ("color.txt", "red")][i]  # fmt: skip
+                  ("pet.txt", "dog"), ("color.txt", "red"),
+                  ("fruit.txt", "pear"), ("sky.txt", "cloud"), ("c.txt", "stone"),
+                  ("name.txt", "alice"), ("food.txt", "bread"), ("car.txt", "fast")][i]  # fmt: skip
     body = _read(name) + (
         f"done(0.0 if text is None else 1.0 if text.strip() == {word!r} else 0.5)\n"
     )
@@ -56,13 +58,15 @@ def create_file(i: int) -> Spec:
 
 def write_number(i: int) -> Spec:
     name, n = [("number.txt", 42), ("n.txt", 7), ("answer.txt", 100), ("x.txt", 3),
-               ("total.txt", 12), ("age.txt", 30), ("k.txt", 5), ("score.txt", 99)][i]  # fmt: skip
+               ("total.txt", 12), ("age.txt", 30), ("k.txt", 5), ("score.txt", 99),
+               ("size.txt", 8), ("year.txt", 2024), ("y.txt", 64), ("max.txt", 50),
+               ("level.txt", 9), ("port.txt", 8080)][i]  # fmt: skip
     body = _read(name) + f"done(0.0 if text is None else 1.0 if text.strip() == '{n}' else 0.5)\n"
     return Spec(f"write-number-{i}", f"Create a file named {name} containing the number {n}.", body)
 
 
 def count_lines(i: int) -> Spec:
-    lines = [3, 5, 8, 12, 4, 7, 10, 6][i]
+    lines = [3, 5, 8, 12, 4, 7, 10, 6, 2, 9, 11, 15, 13, 20][i]
     data = "".join(f"line {k + 1}\n" for k in range(lines))
     body = _read("count.txt") + (
         "words = (text or '').split()\n"
@@ -74,7 +78,9 @@ def count_lines(i: int) -> Spec:
 
 def make_dir(i: int) -> Spec:
     first, second = [("build", "dist"), ("logs", "data"), ("src", "tests"), ("backup", "tmp"),
-                     ("docs", "img"), ("in", "out"), ("old", "new"), ("cache", "store")][i]  # fmt: skip
+                     ("docs", "img"), ("in", "out"), ("old", "new"), ("cache", "store"),
+                     ("lib", "bin"), ("notes", "drafts"), ("input", "output"), ("web", "api"),
+                     ("music", "video"), ("left", "right")][i]  # fmt: skip
     body = (
         f"n = os.path.isdir({first!r}) + os.path.isdir({second!r})\n"
         "done(1.0 if n == 2 else 0.5 if n == 1 else 0.0)\n"
@@ -85,7 +91,9 @@ def make_dir(i: int) -> Spec:
 def copy_file(i: int) -> Spec:
     src, dst = [("source.txt", "copy.txt"), ("a.txt", "b.txt"), ("main.txt", "main.bak"),
                 ("data.txt", "data2.txt"), ("list.txt", "list2.txt"), ("in.txt", "out.txt"),
-                ("cfg.txt", "cfg.old"), ("log.txt", "log.bak")][i]  # fmt: skip
+                ("cfg.txt", "cfg.old"), ("log.txt", "log.bak"),
+                ("notes.txt", "notes2.txt"), ("p.txt", "q.txt"), ("todo.txt", "todo.bak"),
+                ("report.txt", "backup.txt"), ("key.txt", "key.old"), ("plan.txt", "plan.bak")][i]  # fmt: skip
     content = f"content of {src}\n"
     body = _read(dst) + (
         f"ok_src = read({src!r}) == {content!r}\n"
@@ -97,7 +105,9 @@ def copy_file(i: int) -> Spec:
 def rename_file(i: int) -> Spec:
     src, dst = [("old.txt", "new.txt"), ("draft.txt", "final.txt"), ("x.txt", "y.txt"),
                 ("tmp.txt", "keep.txt"), ("a.txt", "z.txt"), ("one.txt", "two.txt"),
-                ("in.txt", "done.txt"), ("v1.txt", "v2.txt")][i]  # fmt: skip
+                ("in.txt", "done.txt"), ("v1.txt", "v2.txt"),
+                ("first.txt", "second.txt"), ("red.txt", "blue.txt"), ("cat.txt", "dog.txt"),
+                ("m.txt", "n.txt"), ("start.txt", "end.txt"), ("up.txt", "down.txt")][i]  # fmt: skip
     content = f"content of {src}\n"
     body = _read(dst) + (
         f"gone = not os.path.exists({src!r})\n"
@@ -109,7 +119,9 @@ def rename_file(i: int) -> Spec:
 def delete_file(i: int) -> Spec:
     one, two = [("junk.txt", "old.log"), ("temp.txt", "trash.txt"), ("spam.txt", "x.tmp"),
                 ("cache.dat", "error.log"), ("a.bak", "b.bak"), ("draft1.txt", "draft2.txt"),
-                ("out.log", "err.log"), ("tmp1.txt", "tmp2.txt")][i]  # fmt: skip
+                ("out.log", "err.log"), ("tmp1.txt", "tmp2.txt"),
+                ("bad.txt", "worse.txt"), ("old1.log", "old2.log"), ("foo.tmp", "bar.tmp"),
+                ("dump.dat", "core.dat"), ("test1.txt", "test2.txt"), ("z.log", "y.log")][i]  # fmt: skip
     body = (
         "keep = open('keep.txt').read() == 'keep me\\n' if os.path.exists('keep.txt') else False\n"
         f"gone = (not os.path.exists({one!r})) + (not os.path.exists({two!r}))\n"
@@ -120,7 +132,22 @@ def delete_file(i: int) -> Spec:
 
 
 def replace_word(i: int) -> Spec:
-    word = ["moon", "there", "friend", "team", "sun", "all", "bob", "class"][i]
+    word = [
+        "moon",
+        "there",
+        "friend",
+        "team",
+        "sun",
+        "all",
+        "bob",
+        "class",
+        "earth",
+        "mars",
+        "sam",
+        "folks",
+        "everyone",
+        "you",
+    ][i]
     body = _read("greeting.txt") + (
         f"t = (text or '').strip()\n"
         f"done(1.0 if t == 'hello {word}' else 0.5 if {word!r} in t else 0.0)\n"
@@ -133,10 +160,12 @@ KINDS: list[Callable[[int], Spec]] = [
     create_file, write_number, count_lines, make_dir, copy_file, rename_file, delete_file,
     replace_word,
 ]  # fmt: skip
-VARIANTS = 8
-HELDOUT_VARIANTS = 2
-"""Variants 0 and 1 of every kind are held out (other instances of the same kind of task: other
-names, words, numbers), the rest are for training."""
+VARIANTS = 14
+TRAIN_VARIANTS = range(2, 8)
+"""Variants 2-7 of every kind are for training (48 tasks); the others (0-1 and 8-13: 64 tasks) are
+held out: other instances of the same kind of task (other names, words, numbers). Variants 8-13
+were added after the first runs, which trained on 2-7 alone, so those runs' held-out numbers stay
+comparable and variants 8-13 were never looked at while settings were chosen."""
 
 
 def specs() -> list[Spec]:
@@ -161,7 +190,7 @@ def write_suite(root: str | Path) -> list[str]:
             shutil.rmtree(folder)
         (folder / "files").mkdir(parents=True)
         variant = int(spec.id.rsplit("-", 1)[1])
-        split = "heldout" if variant < HELDOUT_VARIANTS else "train"
+        split = "train" if variant in TRAIN_VARIANTS else "heldout"
         (folder / "task.toml").write_text(_toml(spec, split))
         for name, text in spec.files.items():
             (folder / "files" / name).write_text(text)
