@@ -28,11 +28,8 @@ train=("${common[@]}" --split train --steps "$STEPS" --group-size "${GROUP_SIZE:
        --tasks-per-step "${TASKS_PER_STEP:-4}")
 mkdir -p "$OUT"
 
-last_version() {  # the highest policies/vN a run published (0: none)
-    local dirs
-    dirs=$(find "$1/policies" -maxdepth 1 -name 'v[0-9]*' -printf '%f\n' 2>/dev/null || true)
-    sort -V <<<"${dirs:-v0}" | tail -n 1 | tr -d v
-}
+# shellcheck source=scripts/harness_common.sh
+source "$(dirname "$0")/harness_common.sh"
 
 evaluate() {  # evaluate NAME RUN: held-out Pass@1 of the base model and of RUN's last version
     local name=$1 run=$2 version
