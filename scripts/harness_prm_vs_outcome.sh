@@ -15,8 +15,11 @@
 # (store.db with rollouts and judgments, metrics.jsonl with prm/* keys, policies/vN).
 set -euo pipefail
 
-OUT=${1:-runs/prm-vs-outcome}
-[[ $# -gt 0 ]] && shift
+OUT=runs/prm-vs-outcome
+if [[ $# -gt 0 && $1 != -* ]]; then
+    OUT=$1
+    shift
+fi
 [[ ${1:-} == "--" ]] && shift
 CLAWRL=${CLAWRL:-clawrl}
 STEPS=${STEPS:-5}
@@ -40,6 +43,8 @@ evaluate() {  # evaluate NAME RUN: held-out Pass@1 of the base model and of RUN'
         --out "$OUT/$name-eval" --run "$run" --version "$versions" >"$OUT/$name.eval.json"
 }
 
+fresh_dir "$OUT/outcome"
+fresh_dir "$OUT/prm"
 "$CLAWRL" harness train "${train[@]}" --method grpo --out "$OUT/outcome" "$@"
 "$CLAWRL" harness train "${train[@]}" --method prm_outcome --judge "${JUDGE:-head}" \
     --judge-votes "${JUDGE_VOTES:-3}" --out "$OUT/prm" "$@"

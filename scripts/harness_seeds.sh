@@ -11,12 +11,16 @@
 # Settings by environment: SEEDS (3), STEPS (16), K (4), HARNESS (reference), GROUP_SIZE (4),
 # TASKS_PER_STEP (4), MODEL (smollm2-135m).
 # Results: OUT/base.eval.json, OUT/seedS/ (store.db, metrics.jsonl, policies/vN),
-# OUT/seedS.eval.json, OUT/compare.txt. Time on 2 CPU cores with the defaults: about 20 min per
+# OUT/seedS.eval.json, OUT/compare.txt (OUT/notes.txt: seeds that published no version; their
+# policy is the base, evaluated again). Time on 2 CPU cores with the defaults: about 20 min per
 # run alone, 5-10 min per evaluation.
 set -euo pipefail
 
-OUT=${1:-runs/seeds}
-[[ $# -gt 0 ]] && shift
+OUT=runs/seeds
+if [[ $# -gt 0 && $1 != -* ]]; then
+    OUT=$1
+    shift
+fi
 [[ ${1:-} == "--" ]] && shift
 CLAWRL=${CLAWRL:-clawrl}
 SEEDS=${SEEDS:-3}
@@ -26,6 +30,9 @@ common=(--tasks builtin --harness "${HARNESS:-reference}" --model "${MODEL:-smol
 source "$(dirname "$0")/harness_common.sh"
 mkdir -p "$OUT"
 
+for dir in base-eval $(seq -f 'seed%g' 0 $((SEEDS - 1))); do
+    fresh_dir "$OUT/$dir"
+done
 "$CLAWRL" harness eval "${common[@]}" --split heldout --k "$K" --json --out "$OUT/base-eval" \
     >"$OUT/base.eval.json"
 evals=()
@@ -35,13 +42,14 @@ for ((s = 0; s < SEEDS; s++)); do
         --group-size "${GROUP_SIZE:-4}" --tasks-per-step "${TASKS_PER_STEP:-4}" \
         --set "trainer.seed=$s" --out "$run" "$@"
     version=$(last_version "$run")
-    if [[ $version -eq 0 ]]; then
-        echo "seed $s: no version was published (every step skipped): left out" >&2
-        continue
+    versions=(--run "$run" --version "$version")
+    if [[ $version -eq 0 ]]; then  # its policy is the base: a result of the recipe all the same
+        echo "seed $s: no version was published (every step skipped): its policy is the base," \
+            "evaluated again" | tee -a "$OUT/notes.txt" >&2
+        versions=()
     fi
     "$CLAWRL" harness eval "${common[@]}" --split heldout --k "$K" --json --out "$run-eval" \
-        --run "$run" --version "$version" >"$run.eval.json"
+        "${versions[@]}" >"$run.eval.json"
     evals+=("$run.eval.json")
 done
-[[ ${#evals[@]} -gt 0 ]] || { echo "no run published a version: nothing to compare" >&2; exit 1; }
 "$CLAWRL" harness compare --version-a 0 "$OUT/base.eval.json" "${evals[@]}" | tee "$OUT/compare.txt"

@@ -8,6 +8,7 @@ import pytest
 
 from clawrl.harness.stats import (
     TaskCount,
+    describe_gain,
     family_pass_at_1,
     paired_gain,
     pass_at_1_ci,
@@ -61,8 +62,12 @@ def test_the_tasks_scope_keeps_families_fixed_and_redraws_their_variants():
     assert gain == gain_t == pytest.approx(0.5625) and n == 16
     assert low_f < low_t < gain < high_t < high_f
     # one family: the two scopes draw the same way
-    one = [TaskCount(f"a-{i}", 4, i % 5) for i in range(8)]
+    one = [TaskCount(f"a-{i}", 7, i % 8) for i in range(13)]
     assert pass_at_1_ci(one, over="tasks") == pass_at_1_ci(one, over="families")
+    # a family of two tasks: no interval over tasks (redrawing 2 understates the spread)
+    two = [*one, TaskCount("b-0", 4, 0), TaskCount("b-1", 4, 4)]
+    assert all(math.isnan(x) for x in pass_at_1_ci(two, over="tasks")[1:])
+    assert "n/a over tasks within families (a family has < 3 tasks)" in describe_gain(two, two)
     with pytest.raises(ValueError, match="over must be one of"):
         pass_at_1_ci(one, over="rollouts")
 
@@ -203,7 +208,7 @@ def test_several_runs_get_a_mean_gain_with_an_interval_over_runs(tmp_path, capsy
     assert "reference B3 - A (paired): +1.000 over 10 tasks" in out
     # gains 0.5, 0.75, 1.0: sd 0.25, t(0.975, 2) = 4.303 -> half-width 0.621
     assert "mean B - A over 3 runs: +0.750, 95 % t-interval over runs [+0.129, +1.371]" in out
-    assert "(runs: +0.500, +0.750, +1.000)" in out
+    assert "(runs: +0.500, +0.750, +1.000; tasks held fixed" in out and "B2 = " in out
 
 
 def test_across_runs_needs_runs_and_gives_no_interval_for_one():
@@ -222,7 +227,7 @@ def test_compare_can_keep_only_matching_tasks(tmp_path, capsys):
     b = _eval_json(tmp_path / "b.json", 1, [4] * 8 + [0] * 4)  # t-8..t-11 did not gain
     assert main(["harness", "compare", r"--match=-(8|9|1[01])$", a, b]) == 0
     out = capsys.readouterr().out
-    assert "4 tasks match" in out and "B - A (paired): +0.000 over 4 tasks" in out
+    assert "4 of them match" in out and "B - A (paired): +0.000 over 4 tasks" in out
     assert main(["harness", "compare", "--match", "(", a, b]) != 0
     assert "--match '(' is not a regex" in capsys.readouterr().err
     assert main(["harness", "compare", "--match", "nothing", a, b]) != 0

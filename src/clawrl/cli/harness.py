@@ -120,7 +120,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     c.add_argument("--version-a", type=int, help="A's row of this version (default: its last)")
     c.add_argument("--version-b", type=int, help="each B's row of this version (default: last)")
     c.add_argument(
-        "--match", help="compare only the tasks whose id matches this regex (--match=REGEX)"
+        "--match",
+        help="compare only the tasks in which this regex is found (re.search); write "
+        "--match=REGEX when it starts with -",
     )
     c.set_defaults(func=cmd_compare)
 
@@ -374,7 +376,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
         TaskCount,
         across_runs,
         describe_gain,
-        paired_gain,
         pass_at_1_ci,
     )
 
@@ -386,32 +387,40 @@ def cmd_compare(args: argparse.Namespace) -> int:
     bs = [(path, _eval_rows(path, args.version_b)) for path in args.b]
     shared = [h for h in a if all(h in b for _, b in bs)]
     if not shared:
-        raise ConfigError(f"no harness in every file ({sorted(a)} vs {[sorted(b) for _, b in bs]})")
+        having = "; ".join(f"{p}: {sorted(r)}" for p, r in [(args.a, a), *bs])
+        raise ConfigError(f"no harness is in every file ({having})")
+    names = ["B"] if len(bs) == 1 else [f"B{i + 1}" for i in range(len(bs))]
+    if len(bs) > 1:
+        print("  ".join(f"{n} = {path}" for n, (path, _) in zip(names, bs, strict=True)))
     for h in shared:
-        rows = [("A", a[h])] + [(f"B{i + 1}" if len(bs) > 1 else "B", b[h]) for i, (_, b) in
-                                enumerate(bs)]  # fmt: skip
-        tasks = [t for t in a[h]["counts"] if all(t in row["counts"] for _, row in rows)]
+        rows = [("A", args.a, a[h])] + [(n, p, b[h]) for n, (p, b) in zip(names, bs, strict=True)]
+        tasks = [t for t in a[h]["counts"] if all(t in row["counts"] for _, _, row in rows)]
+        for name, path, row in rows:
+            if len(row["counts"]) > len(tasks):
+                print(f"{h}: {name} ({path}) scored {len(row['counts']) - len(tasks)} tasks that "
+                      f"not every file scored; comparing the {len(tasks)} all scored")  # fmt: skip
         if match:
             tasks = [t for t in tasks if match.search(t)]
-            print(f"{h}: {len(tasks)} tasks match {args.match!r}")
-        elif len(tasks) < max(len(row["counts"]) for _, row in rows):
-            print(f"{h}: the files scored different tasks; comparing the {len(tasks)} all scored")
+            print(f"{h}: {len(tasks)} of them match {args.match!r}")
         if not tasks:
-            raise ConfigError(f"{h}: no task to compare")
+            why = f"none matches --match {args.match!r}" if match else "no task is in every file"
+            raise ConfigError(f"{h}: no task to compare ({why})")
         counts = {}
-        for name, row in rows:
+        for name, _, row in rows:
             cs = [TaskCount(t, *row["counts"][t]) for t in tasks]
             mean, low, high = pass_at_1_ci(cs)
             print(f"{h} {name} (v{row['version']}): pass@1 {mean:.3f} [{low:.3f}, {high:.3f}] "
                   f"over {len(cs)} tasks")  # fmt: skip
             counts[name] = cs
-        names = [name for name, _ in rows[1:]]
         for name in names:
             print(f"{h} {name} - A (paired): {describe_gain(counts['A'], counts[name])}")
         if len(names) > 1:
-            gains = [paired_gain(counts["A"], counts[name])[0] for name in names]
+            gains = [sum(y.pass_at_1 - x.pass_at_1 for x, y in zip(counts["A"], counts[n],
+                                                                    strict=True)) / len(tasks)
+                     for n in names]  # fmt: skip
             mean, low, high = across_runs(gains)
             print(f"{h} mean B - A over {len(names)} runs: {mean:+.3f}, 95 % t-interval over "
                   f"runs [{low:+.3f}, {high:+.3f}] (runs: "
-                  + ", ".join(f"{g:+.3f}" for g in gains) + ")")  # fmt: skip
+                  + ", ".join(f"{g:+.3f}" for g in gains)
+                  + "; tasks held fixed, A's own rollout noise not in it)")  # fmt: skip
     return 0

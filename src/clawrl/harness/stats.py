@@ -34,6 +34,9 @@ MIN_TASKS_FOR_VERDICT = 4
 """A gain over fewer shared tasks gets no beyond/within-noise verdict."""
 SCOPES = ("families", "tasks")
 """What a bootstrap redraws (module docstring)."""
+MIN_TASKS_PER_FAMILY = 3
+"""The ``tasks`` scope gives no interval when a family has fewer tasks: redrawing one or two
+tasks of a family understates its spread (one task: a zero-width interval)."""
 
 
 def task_family(task_id: str) -> str:
@@ -93,6 +96,9 @@ def _bootstrap(
     """Sorted bootstrap means of ``sum(sign * c/n)`` per task (see the module docstring):
     ``pairs`` holds per task id its one (level) or two (before, after: a gain) counts.
 
+    Empty when ``over`` is ``tasks`` and a family has fewer than :data:`MIN_TASKS_PER_FAMILY`
+    tasks (no interval).
+
     Raises:
         ValueError: ``over`` is not one of :data:`SCOPES`.
     """
@@ -102,12 +108,15 @@ def _bootstrap(
     for task_id, counts in pairs:
         families.setdefault(task_family(task_id), []).append(counts)
     groups = list(families.values())
+    if over == "tasks" and min(len(g) for g in groups) < MIN_TASKS_PER_FAMILY:
+        return []
     rng = random.Random(seed)
     means = []
     for _ in range(RESAMPLES):
         total, tasks = 0.0, 0
         for g in range(len(groups)):
-            group = groups[rng.randrange(len(groups))] if over == "families" else groups[g]
+            pick = rng.randrange(len(groups))  # drawn in both scopes: one random stream
+            group = groups[pick] if over == "families" else groups[g]
             for _ in range(len(group)):
                 counts = group[rng.randrange(len(group))]
                 rates = [_binomial_rate(rng, t.n, t.pass_at_1) for t in counts]
@@ -118,6 +127,8 @@ def _bootstrap(
 
 
 def _percentiles(means: Sequence[float]) -> tuple[float, float]:
+    if not means:
+        return math.nan, math.nan
     return means[int(0.025 * len(means))], means[min(len(means) - 1, int(0.975 * len(means)))]
 
 
@@ -125,7 +136,8 @@ def pass_at_1_ci(
     counts: Sequence[TaskCount], *, seed: int = 0, over: str = "families"
 ) -> tuple[float, float, float]:
     """``(Pass@1, low, high)``: the mean of each task's ``c / n`` and its 95 % bootstrap interval
-    over ``families`` or ``tasks`` (module docstring); ``nan`` for no tasks.
+    over ``families`` or ``tasks`` (module docstring); ``nan`` for no tasks, and ``nan`` bounds
+    over ``tasks`` when a family has fewer than :data:`MIN_TASKS_PER_FAMILY` tasks.
 
     Raises:
         ValueError: ``over`` is not one of :data:`SCOPES`.
@@ -154,7 +166,8 @@ def paired_gain(
 ) -> tuple[float, float, float, int]:
     """``(gain, low, high, tasks)``: mean over the tasks both evaluations scored of
     ``after.c/n - before.c/n``, with its 95 % paired bootstrap interval over ``families`` or
-    ``tasks`` (module docstring); ``nan`` when no task is shared.
+    ``tasks`` (module docstring); ``nan`` when no task is shared, and ``nan`` bounds over
+    ``tasks`` when a family has fewer than :data:`MIN_TASKS_PER_FAMILY` shared tasks.
 
     Raises:
         ValueError: ``over`` is not one of :data:`SCOPES`.
@@ -186,22 +199,30 @@ def describe_gain(before: Sequence[TaskCount], after: Sequence[TaskCount]) -> st
     for over in SCOPES:
         gain, low, high, n = paired_gain(before, after, over=over)
         scope = "families" if over == "families" else "tasks within families"
-        parts.append(f"[{low:+.3f}, {high:+.3f}] over {scope} ({verdict(low, high, n)})")
+        if math.isfinite(low):
+            parts.append(f"[{low:+.3f}, {high:+.3f}] over {scope} ({verdict(low, high, n)})")
+        elif n and over == "tasks":
+            parts.append(f"n/a over {scope} (a family has < {MIN_TASKS_PER_FAMILY} tasks)")
+        else:
+            parts.append(f"n/a over {scope}")
     return f"{gain:+.3f} over {n} tasks: " + "; ".join(parts)
 
 
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
          2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
          2.060, 2.056, 2.052, 2.048, 2.045, 2.042)  # fmt: skip
-"""Student's t 97.5 % quantile for 1..30 degrees of freedom."""
+"""Student's t 97.5 % quantile for 1..30 degrees of freedom (past 30: ``1.96 + 2.4 / df``,
+within 0.003 of it)."""
 
 
 def across_runs(gains: Sequence[float]) -> tuple[float, float, float]:
     """``(mean, low, high)``: the mean of one gain measured in several independent runs (training
     seeds) and its 95 % Student-t interval over runs, ``mean +- t(0.975, r - 1) * sd / sqrt(r)``
-    (``t`` = 2.0 past 30 degrees of freedom). Unlike the bootstrap intervals, which hold one
-    trained policy fixed, it measures how much the result of a training recipe moves from run to
-    run; with 3 runs ``t`` is 4.3, so it is wide. ``nan`` bounds for fewer than 2 runs.
+    (:data:`_T975`). Unlike the bootstrap intervals, which hold one trained policy fixed, it
+    measures how much the result of a training recipe moves from run to run; with 3 runs ``t``
+    is 4.3, so it is wide. It holds the tasks fixed, and when every run's gain is taken over one
+    evaluation of the base, that evaluation's own noise moves all gains together and is not in
+    it (evaluate ``--version 0,N`` per run to include it). ``nan`` bounds for fewer than 2 runs.
 
     Raises:
         ValueError: no gains.
@@ -213,5 +234,6 @@ def across_runs(gains: Sequence[float]) -> tuple[float, float, float]:
     if r < 2:
         return mean, math.nan, math.nan
     sd = math.sqrt(sum((g - mean) ** 2 for g in gains) / (r - 1))
-    half = (_T975[r - 2] if r - 1 <= len(_T975) else 2.0) * sd / math.sqrt(r)
+    df = r - 1
+    half = (_T975[df - 1] if df <= len(_T975) else 1.96 + 2.4 / df) * sd / math.sqrt(r)
     return mean, mean - half, mean + half

@@ -164,8 +164,10 @@ VARIANTS = 14
 TRAIN_VARIANTS = range(2, 8)
 """Variants 2-7 of every kind are for training (48 tasks); the others (0-1 and 8-13: 64 tasks) are
 held out: other instances of the same kind of task (other names, words, numbers). Variants 8-13
-were added after the first runs, which trained on 2-7 alone, so those runs' held-out numbers stay
-comparable and variants 8-13 were never looked at while settings were chosen."""
+were added after the first runs, which trained on 2-7 alone: those runs are still trained on the
+training split, their earlier held-out numbers are on variants 0-1 only
+(``clawrl harness compare --match='-[01]$'``), and variants 8-13 were never looked at while
+settings were chosen."""
 
 
 def specs() -> list[Spec]:
