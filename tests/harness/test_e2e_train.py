@@ -54,9 +54,12 @@ def test_two_training_steps_through_the_reference_harness(tmp_path, tiny):
         app = create_app(engine, tiny.tokenizer, store, model_name="policy")
         runner = HarnessRunner(app, store, settings)
         try:
-            history = train(runner, trainer, engine, [task], steps=2, tasks_per_step=1)
+            ended: list[int] = []
+            history = train(runner, trainer, engine, [task], steps=2, tasks_per_step=1,
+                            on_step=lambda step, m: ended.append(step))  # fmt: skip
         finally:
             runner.close()
+        assert ended == [1, 2]  # each step reported as it ends (the CLI prints a line)
         assert [m["policy/version"] for m in history] == [1.0, 2.0]
         assert engine.policy_version == 2
         for m in history:

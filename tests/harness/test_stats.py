@@ -175,10 +175,12 @@ def test_compare_prints_each_side_and_the_paired_difference(tmp_path, capsys):
     assert main(["harness", "compare", a, b]) == 0
     out = capsys.readouterr().out
     assert "reference A (v5): pass@1 0.000 [0.000, 0.000] over 10 tasks" in out
+    # one family (t-0..t-9): no interval over families
     assert (
-        "reference B - A (paired): +1.000 over 10 tasks: [+1.000, +1.000] over families "
-        "(beyond noise); [+1.000, +1.000] over tasks within families (beyond noise)" in out
+        "reference B - A (paired): +1.000 over 10 tasks: n/a over families (one family); "
+        "[+1.000, +1.000] over tasks within families (beyond noise)" in out
     )
+    assert f"A = {a}  B = {b}" in out
 
 
 def test_compare_refuses_files_that_are_not_eval_output(tmp_path, capsys):

@@ -105,7 +105,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="paired Pass@1 difference of 'harness eval --json' outputs (B - A, per run)",
         description="Compare evaluations of the same tasks (e.g. outcome-only vs PRM + outcome, "
         "a mixed-harness run vs a single-harness one, or several training seeds vs the base): "
-        "per harness, each side's Pass@1 with its 95 %% interval, and B - A paired over the tasks "
+        "per harness, each side's Pass@1 with its 95 % interval, and B - A paired over the tasks "
         "both scored, with intervals over families and over tasks within families. Given several "
         "B files (one per training run), also the mean gain over runs with a Student-t interval "
         "over runs.",
@@ -200,19 +200,41 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    """``clawrl harness train``."""
+    """``clawrl harness train``: a line per step as it ends; ``OUT/run.json`` records the model,
+    harnesses, tasks and settings (``harness eval --run OUT`` checks its ``--model`` against it).
+
+    Raises:
+        ConfigError: ``--out`` already holds published versions (a rerun would mix two runs), or
+            ``--full-finetune`` (harness mode publishes LoRA adapters as ``policies/vN``).
+    """
     from clawrl.harness.loop import HarnessRunner, train
     from clawrl.runtime import build_runtime
     from clawrl.trainer.metrics import MetricsWriter
 
     tasks = _tasks(args)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    if _published(out):
+        raise ConfigError(
+            f"{out} already holds policy versions ({', '.join(_published(out)[:5])}...): a "
+            "second run into it would mix the two runs' versions; pick a new --out"
+        )
     t0 = time.perf_counter()
     cfg = config_with_flags(args, default_method="grpo")
+    if cfg.trainer.full_finetune:
+        raise ConfigError(
+            "harness train publishes LoRA adapters (policies/vN) for eval and export; "
+            "--full-finetune (trainer.full_finetune) is not supported in harness mode"
+        )
     cfg = cfg.model_copy(
         update={"trainer": cfg.trainer.model_copy(update={"output_dir": str(out)})}
     )
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "run.json").write_text(json.dumps({
+        "model": args.model, "harness": args.harness, "tasks": args.tasks, "split": args.split,
+        "steps": args.steps, "tasks_per_step": args.tasks_per_step,
+        "group_size": args.group_size, "trainer": cfg.trainer.model_dump(mode="json"),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }, indent=2, default=str))  # fmt: skip
     policy = _policy(args.model)
     runtime = build_runtime(
         cfg, policy=policy, store=out / "store.db", online=False, model_name=policy.name
@@ -221,33 +243,49 @@ def cmd_train(args: argparse.Namespace) -> int:
     runner = HarnessRunner(runtime.app, runtime.store, _settings(args, policy.name))
     writer = MetricsWriter(out, tensorboard=False)
     judge = runtime.judge.judge if runtime.judge is not None else None
-    try:
-        history = train(
-            runner, runtime.trainer, runtime.engine, tasks, steps=args.steps,
-            tasks_per_step=args.tasks_per_step, metrics_writer=writer, judge=judge,
-            judge_timeout_s=cfg.judge.timeout_s + 30.0,
-        )  # fmt: skip
-    finally:
-        runner.close()
-        runtime.close()
-    for i, m in enumerate(history, 1):
+    print(f"training {args.steps} steps x {min(args.tasks_per_step, len(tasks))} tasks x "
+          f"{args.group_size} rollouts through {args.harness} ({len(tasks)} {args.split} tasks); "
+          f"out: {out}", flush=True)  # fmt: skip
+
+    def step_line(step: int, m: dict[str, float]) -> None:
         per = "  ".join(
             f"{k.split('/')[1]}={v:.2f}"
             for k, v in m.items()
             if k.startswith("harness/") and k.endswith("/reward_mean")
         )
+        left = (time.perf_counter() - t0) / step * (args.steps - step)
         print(
-            f"step {i}: version={int(m['policy/version'])} reward={m['rollout/reward_mean']:.3f} "
-            f"[{per}] samples={int(m.get('samples/trained', 0))} "
+            f"step {step}/{args.steps}: version={int(m['policy/version'])} "
+            f"reward={m['rollout/reward_mean']:.3f} [{per}] "
+            f"samples={int(m.get('samples/trained', 0))} "
             f"skipped_zero_var={int(m['group/skipped_zero_variance'])} "
             + prm_line(m)
-            + f"time={m['time/harness_step']:.1f}s"
+            + f"time={m['time/harness_step']:.1f}s left~{left / 60:.0f}min",
+            flush=True,
         )
+
+    try:
+        train(
+            runner, runtime.trainer, runtime.engine, tasks, steps=args.steps,
+            tasks_per_step=args.tasks_per_step, metrics_writer=writer, judge=judge,
+            judge_timeout_s=cfg.judge.timeout_s + 30.0, on_step=step_line,
+        )  # fmt: skip
+    finally:
+        runner.close()
+        runtime.close()
+    versions = _published(out)
+    published = f"{versions[0]}..{versions[-1]}" if versions else "none (no step had signal)"
     print(
         f"isolation: {runner.isolation}; total {time.perf_counter() - t0:.1f}s; out: {out} "
-        f"(rollouts in {out / 'store.db'}, run {runner.run_id})"
+        f"(rollouts in {out / 'store.db'}, run {runner.run_id}); published: {published}"
     )
     return 0
+
+
+def _published(run: Path) -> list[str]:
+    """The ``vN`` folders under ``run/policies``, by N (``vN.tmp`` being written left out)."""
+    found = [p.name for p in (run / "policies").glob("v*") if re.fullmatch(r"v\d+", p.name)]
+    return sorted(found, key=lambda name: int(name[1:]))
 
 
 def prm_line(metrics: dict[str, float]) -> str:
@@ -278,8 +316,31 @@ def _versions(args: argparse.Namespace) -> list[int]:
         raise ConfigError("--version needs --run DIR (a 'harness train' output dir)")
     for v in versions:
         if v and not (Path(args.run) / "policies" / f"v{v}").is_dir():
-            raise ConfigError(f"no policy version {v} at {Path(args.run) / 'policies' / f'v{v}'}")
+            have = ", ".join(_published(Path(args.run))) or "none"
+            raise ConfigError(
+                f"no policy version {v} at {Path(args.run) / 'policies' / f'v{v}'} (published: "
+                f"{have})"
+            )
     return versions
+
+
+def _check_run_model(args: argparse.Namespace) -> None:
+    """``--model`` must be the model ``--run`` was trained on (its ``run.json``; older runs
+    without one are not checked).
+
+    Raises:
+        ConfigError: the run names another model, or its run.json is unreadable.
+    """
+    if not args.run or not (Path(args.run) / "run.json").is_file():
+        return
+    try:
+        trained = json.loads((Path(args.run) / "run.json").read_text())["model"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"{Path(args.run) / 'run.json'} is unreadable: {e}") from e
+    if trained != args.model:
+        raise ConfigError(
+            f"{args.run} was trained on --model {trained}, not {args.model}: pass --model {trained}"
+        )
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -293,6 +354,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.run and not args.version:
         print(f"note: --run {args.run} without --version evaluates the base policy (version 0); "
               "pass --version N or 0,N", file=sys.stderr)  # fmt: skip
+    _check_run_model(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     policy = _policy(args.model)
@@ -304,7 +366,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
             for version in versions:
                 if version:
                     weights = Path(args.run) / "policies" / f"v{version}"
-                    runtime.engine.load_policy(version, str(weights))
+                    try:
+                        runtime.engine.load_policy(version, str(weights)).result(timeout=300)
+                    except Exception as e:
+                        raise ConfigError(
+                            f"cannot load policy version {version} from {weights} onto "
+                            f"--model {args.model}: {e}"
+                        ) from e
                     wait_for_version(runtime.engine, version)
                 t0 = time.perf_counter()
                 rows = evaluate(runner, tasks, k=args.k, policy_version=version)
@@ -340,7 +408,9 @@ def _eval_rows(path: str, version: int | None) -> dict[str, dict[str, Any]]:
     bad = f"{path}: not a 'clawrl harness eval --json' output"
     try:
         rows = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
+    except OSError as e:
+        raise ConfigError(f"cannot read {path}: {e}") from e
+    except json.JSONDecodeError as e:
         raise ConfigError(f"{bad}: {e}") from e
     if not isinstance(rows, list) or not rows:
         raise ConfigError(f"{bad} (want a non-empty JSON list of rows)")
@@ -359,7 +429,8 @@ def _eval_rows(path: str, version: int | None) -> dict[str, dict[str, Any]]:
     version = max(r["version"] for r in rows) if version is None else version
     out = {r["harness"]: r for r in rows if r["version"] == version}
     if not out:
-        raise ConfigError(f"{path}: no rows of version {version}")
+        have = sorted({r["version"] for r in rows})
+        raise ConfigError(f"{path}: no rows of version {version} (it has versions {have})")
     return out
 
 
@@ -390,8 +461,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
         having = "; ".join(f"{p}: {sorted(r)}" for p, r in [(args.a, a), *bs])
         raise ConfigError(f"no harness is in every file ({having})")
     names = ["B"] if len(bs) == 1 else [f"B{i + 1}" for i in range(len(bs))]
-    if len(bs) > 1:
-        print("  ".join(f"{n} = {path}" for n, (path, _) in zip(names, bs, strict=True)))
+    print(
+        "  ".join(f"{n} = {path}" for n, path in [("A", args.a), *zip(names, args.b, strict=True)])
+    )
+    if len(set(args.b)) < len(args.b):
+        print("warning: a B file is given twice: the runs are not independent", file=sys.stderr)
     for h in shared:
         rows = [("A", args.a, a[h])] + [(n, p, b[h]) for n, (p, b) in zip(names, bs, strict=True)]
         tasks = [t for t in a[h]["counts"] if all(t in row["counts"] for _, _, row in rows)]

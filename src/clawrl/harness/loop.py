@@ -30,14 +30,14 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
 from clawrl.engine import Engine
-from clawrl.errors import ConfigError
+from clawrl.errors import ConfigError, EngineError
 from clawrl.harness.adapters import Adapter, get_adapter
 from clawrl.harness.groups import GroupSelection, select_groups
 from clawrl.harness.judging import StepJudge, prm_metrics
@@ -210,10 +210,21 @@ def sample_step_scores(samples: Iterable[TrainSample]) -> dict[str, dict[int, fl
 
 
 def wait_for_version(engine: Engine, version: int, timeout_s: float = 120.0) -> None:
-    """Block until ``engine`` serves ``version`` (a published version is swapped in async)."""
+    """Block until ``engine`` serves ``version`` (a published version is swapped in async).
+
+    Raises:
+        EngineError: it does not within ``timeout_s`` seconds (the swap failed: the engine's log
+            says why): rollouts would otherwise run on the old weights under the new version.
+    """
     deadline = time.monotonic() + timeout_s
     while engine.policy_version < version and time.monotonic() < deadline:
         time.sleep(0.05)
+    if engine.policy_version < version:
+        raise EngineError(
+            f"the engine did not serve policy version {version} within {timeout_s:.0f}s (it "
+            f"serves {engine.policy_version}): loading the weights failed or is stuck; the log "
+            "above says why"
+        )
 
 
 def train(
@@ -227,6 +238,7 @@ def train(
     metrics_writer: Any = None,
     judge: JudgeFn | None = None,
     judge_timeout_s: float = 150.0,
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
 ) -> list[dict[str, float]]:
     """Run ``steps`` harness RL steps (see the module docstring); returns each step's metrics.
 
@@ -236,9 +248,11 @@ def train(
         judge: ``async (JudgeInput) -> Judgment`` scoring each turn's next state; required by a
             method with step scores (``prm_outcome``), unused otherwise.
         judge_timeout_s: the most seconds one judgment may take.
+        on_step: called with (step, its metrics) as each step ends (the CLI prints a line).
 
     Raises:
         ConfigError: the method needs step scores and no judge was given.
+        EngineError: the engine did not serve a published version (:func:`wait_for_version`).
     """
     judged = bool(trainer.method.needs.step_scores)
     if judged and judge is None:
@@ -250,7 +264,7 @@ def train(
     try:
         return _train_steps(runner, trainer, engine, tasks, steps=steps,
                             tasks_per_step=tasks_per_step, metrics_writer=metrics_writer,
-                            step_judge=step_judge)  # fmt: skip
+                            step_judge=step_judge, on_step=on_step)  # fmt: skip
     finally:
         if step_judge is not None:
             step_judge.close()
@@ -266,6 +280,7 @@ def _train_steps(
     tasks_per_step: int,
     metrics_writer: Any,
     step_judge: StepJudge | None,
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
 ) -> list[dict[str, float]]:
     """The steps of :func:`train`; ``step_judge`` scores each step's turns (``prm_outcome``)."""
     judged = step_judge is not None
@@ -344,6 +359,8 @@ def _train_steps(
             metrics_writer.write(step + 1, metrics)
         log.info("harness step %d: %s", step + 1, metrics)
         history.append(metrics)
+        if on_step is not None:
+            on_step(step + 1, metrics)
     return history
 
 

@@ -199,7 +199,9 @@ def describe_gain(before: Sequence[TaskCount], after: Sequence[TaskCount]) -> st
     for over in SCOPES:
         gain, low, high, n = paired_gain(before, after, over=over)
         scope = "families" if over == "families" else "tasks within families"
-        if math.isfinite(low):
+        if over == "families" and len({task_family(t.task_id) for t in before}) < 2:
+            parts.append("n/a over families (one family)")
+        elif math.isfinite(low):
             parts.append(f"[{low:+.3f}, {high:+.3f}] over {scope} ({verdict(low, high, n)})")
         elif n and over == "tasks":
             parts.append(f"n/a over {scope} (a family has < {MIN_TASKS_PER_FAMILY} tasks)")
