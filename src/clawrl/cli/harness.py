@@ -213,9 +213,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     tasks = _tasks(args)
     out = Path(args.out)
-    if _published(out):
+    if stale := _published(out):
         raise ConfigError(
-            f"{out} already holds policy versions ({', '.join(_published(out)[:5])}...): a "
+            f"{out} already holds policy versions ({', '.join(stale[:5])}...): a "
             "second run into it would mix the two runs' versions; pick a new --out"
         )
     t0 = time.perf_counter()
@@ -447,6 +447,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         TaskCount,
         across_runs,
         describe_gain,
+        mean_gain,
         pass_at_1_ci,
     )
 
@@ -489,9 +490,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         for name in names:
             print(f"{h} {name} - A (paired): {describe_gain(counts['A'], counts[name])}")
         if len(names) > 1:
-            gains = [sum(y.pass_at_1 - x.pass_at_1 for x, y in zip(counts["A"], counts[n],
-                                                                    strict=True)) / len(tasks)
-                     for n in names]  # fmt: skip
+            gains = [mean_gain(counts["A"], counts[n]) for n in names]
             mean, low, high = across_runs(gains)
             print(f"{h} mean B - A over {len(names)} runs: {mean:+.3f}, 95 % t-interval over "
                   f"runs [{low:+.3f}, {high:+.3f}] (runs: "

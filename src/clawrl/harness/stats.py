@@ -157,6 +157,17 @@ def family_pass_at_1(counts: Sequence[TaskCount]) -> dict[str, tuple[float, int]
     return {f: (sum(v) / len(v), len(v)) for f, v in sorted(out.items())}
 
 
+def mean_gain(before: Sequence[TaskCount], after: Sequence[TaskCount]) -> float:
+    """Mean over the tasks both evaluations scored of ``after.c/n - before.c/n`` (``nan`` when
+    none is shared): the point estimate of :func:`paired_gain`, without its bootstrap."""
+    b = {t.task_id: t for t in before}
+    a = {t.task_id: t for t in after}
+    common = [t for t in b if t in a]
+    if not common:
+        return math.nan
+    return sum(a[t].pass_at_1 - b[t].pass_at_1 for t in common) / len(common)
+
+
 def paired_gain(
     before: Sequence[TaskCount],
     after: Sequence[TaskCount],
@@ -177,7 +188,7 @@ def paired_gain(
     common = [t for t in b if t in a]
     if not common:
         return math.nan, math.nan, math.nan, 0
-    gain = sum(a[t].pass_at_1 - b[t].pass_at_1 for t in common) / len(common)
+    gain = mean_gain(before, after)
     low, high = _percentiles(_bootstrap([(t, (b[t], a[t])) for t in common], seed, over))
     return gain, low, high, len(common)
 
