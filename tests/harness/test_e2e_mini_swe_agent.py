@@ -6,9 +6,6 @@ The engine is scripted: mini-swe-agent's bash tool call, then its submit command
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 
 from clawrl.gateway import create_app
@@ -19,11 +16,7 @@ from clawrl.harness.samples import rollout_samples
 from clawrl.harness.tasks import BUILTIN_TASKS, load_task
 from clawrl.store import Store
 
-# `make test` installs mini-swe-agent into .harnesses/ (scripts/install_harnesses.sh)
-_LOCAL_MINI = Path(__file__).resolve().parents[2] / ".harnesses" / "bin" / "mini"
-if _LOCAL_MINI.exists():
-    os.environ.setdefault("CLAWRL_MINI_SWE_AGENT", str(_LOCAL_MINI))
-
+# `make test` installs mini-swe-agent into .harnesses/ (tests/harness/conftest.py finds it)
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.skipif(

@@ -92,7 +92,8 @@ def ppo_clip_loss(inputs: LossInputs, config: PPOClipLoss) -> LossOutputs:
         ``clip/high_frac``, ``clip/dual_frac``, ``ratio/*``, ``kl/approx`` (k3 estimate of
         KL(π_base || π_θ)), ``kl/mismatch`` (k3 estimate of KL(π_sampling || π_trainer), trainer =
         ``old_logprobs`` if given else ``policy_logprobs``), ``kl/ref`` (when ``ref_logprobs`` is
-        given), ``is/*`` (TIS/MIS), ``entropy/mean`` (when given), ``adv/*``, ``tokens/count``,
+        given), ``is/*`` (TIS/MIS), ``logprob/mean`` (mean log π_θ of the trained tokens,
+        nats), ``entropy/mean`` (when given), ``adv/*``, ``tokens/count``,
         ``tokens/masked_truncated``, ``seqs/count``.
 
     Raises:
@@ -147,6 +148,8 @@ def ppo_clip_loss(inputs: LossInputs, config: PPOClipLoss) -> LossOutputs:
         metrics["ratio/mean"] = masked_mean(ratio, mask)
         metrics["ratio/min"] = masked_min(ratio, mask)
         metrics["ratio/max"] = masked_max(ratio, mask)
+        # mean log π_θ(a_t|s) of the trained tokens (nats): minus the supervised NLL
+        metrics["logprob/mean"] = masked_mean(policy.detach(), mask)
         # Tokens were drawn from (about) π_base, so k3(log π_θ/π_base) estimates KL(π_base || π_θ).
         metrics["kl/approx"] = masked_mean(kl_k3(log_ratio), mask)
         trainer = inputs.old_logprobs if inputs.old_logprobs is not None else policy

@@ -79,6 +79,23 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "with no next state, gets r alone. Judgments go to the store; prm/* metrics",
     )
     add_trainer_options(g, batch_size=False)
+    w = t.add_argument_group(
+        "warm start",
+        "Before the RL steps, supervised steps on the model's own passed rollouts of training "
+        "tasks (from SRC's store), each replayed through every --harness in that harness's "
+        "format and verified again; published as the first version. For a harness whose "
+        "format the model does not produce (mini-swe-agent-text). --steps 0: the warm start only.",
+    )
+    w.add_argument(
+        "--warm-start",
+        metavar="SRC",
+        help="a 'harness eval' or 'harness train' output dir (or store) with passed rollouts, "
+        "e.g. from 'clawrl harness eval --split train --k 4 --out SRC'",
+    )
+    w.add_argument("--warm-start-epochs", type=int, default=2, help="passes over the demos (2)")
+    w.add_argument(
+        "--warm-start-per-task", type=int, default=2, help="distinct demos per task at most (2)"
+    )
     add_judge_options(t)
     add_config_options(t)
     t.set_defaults(func=cmd_train, split="train")
@@ -137,7 +154,13 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--isolation", choices=["auto", "bwrap", "fallback"], default="auto", help="sandbox"
     )
     p.add_argument("--max-steps", type=int, help="reference agent step limit (task default)")
-    p.add_argument("--limit", type=int, help="use only the first N tasks")
+    p.add_argument(
+        "--match",
+        metavar="REGEX",
+        help="use only the tasks whose id this regex is found in (re.search), e.g. "
+        "--match='-(8|9)$' for variants 8 and 9; write --match=REGEX when it starts with -",
+    )
+    p.add_argument("--limit", type=int, help="use only the first N tasks (by id, after --match)")
     p.add_argument("--time-limit", type=float, help="override every task's time limit (s)")
 
 
@@ -146,6 +169,14 @@ def _tasks(args: argparse.Namespace) -> list[Any]:
 
     split = None if args.split == "all" else args.split
     tasks = load_tasks(args.tasks, split=split)
+    if args.match:
+        try:
+            pattern = re.compile(args.match)
+        except re.error as e:
+            raise ConfigError(f"--match {args.match!r} is not a regular expression: {e}") from e
+        tasks = [t for t in tasks if pattern.search(t.id)]
+        if not tasks:
+            raise ConfigError(f"--match {args.match!r}: no {args.split or 'all'} task id matches")
     if args.time_limit:
         tasks = [dataclasses.replace(t, time_limit_s=args.time_limit) for t in tasks]
     return tasks[: args.limit] if args.limit else tasks
@@ -231,6 +262,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "run.json").write_text(json.dumps({
         "model": args.model, "harness": args.harness, "tasks": args.tasks, "split": args.split,
+        "match": args.match, "warm_start": args.warm_start,
         "steps": args.steps, "tasks_per_step": args.tasks_per_step,
         "group_size": args.group_size, "trainer": cfg.trainer.model_dump(mode="json"),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -265,6 +297,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         )
 
     try:
+        if args.warm_start:
+            _warm_start(args, runtime, policy, tasks)
         train(
             runner, runtime.trainer, runtime.engine, tasks, steps=args.steps,
             tasks_per_step=args.tasks_per_step, metrics_writer=writer, judge=judge,
@@ -280,6 +314,61 @@ def cmd_train(args: argparse.Namespace) -> int:
         f"(rollouts in {out / 'store.db'}, run {runner.run_id}); published: {published}"
     )
     return 0
+
+
+def _source_store(spec: str) -> Any:
+    """The store of a run dir (``DIR/store.db``) or a store path / URL, opened read-only.
+
+    Raises:
+        ConfigError: a directory without ``store.db``, or a path that does not exist.
+    """
+    from clawrl.store import Store
+
+    path = Path(spec)
+    if "://" not in spec:
+        if path.is_dir():
+            path = path / "store.db"
+        if not path.is_file():
+            raise ConfigError(f"--warm-start {spec}: no store at {path}")
+        return Store(path, read_only=True)
+    return Store(spec, read_only=True)
+
+
+def _warm_start(args: argparse.Namespace, runtime: Any, policy: Any, tasks: list[Any]) -> None:
+    """Run the warm start (:mod:`clawrl.harness.warmstart`) before the RL steps; prints a line
+    per replay batch and step, and its summary."""
+    from clawrl.gateway import create_app
+    from clawrl.gateway.testing import ScriptedEngine
+    from clawrl.harness.loop import HarnessRunner
+    from clawrl.harness.warmstart import run_warm_start
+
+    settings = dataclasses.replace(_settings(args, policy.name), parallel=1, group_size=1)
+    scripted = ScriptedEngine(policy.tokenizer)
+    app = create_app(scripted, policy.tokenizer, runtime.store, model_name=policy.name)
+    runner = HarnessRunner(app, runtime.store, settings)
+    t0 = time.perf_counter()
+
+    def replay_line(done: int, total: int) -> None:
+        if done % 10 == 0 or done == total:
+            left = (time.perf_counter() - t0) / done * (total - done)
+            print(f"warm start: replayed {done}/{total} left~{left:.0f}s", flush=True)
+
+    def step_line(step: int, total: int, m: dict[str, float]) -> None:
+        print(f"warm start step {step}/{total}: nll={-m.get('logprob/mean', float('nan')):.3f} "
+              f"samples={int(m.get('samples/trained', 0))}", flush=True)  # fmt: skip
+
+    source = _source_store(args.warm_start)
+    try:
+        report = run_warm_start(
+            source, runner, scripted, runtime.trainer, runtime.engine, tasks,
+            epochs=args.warm_start_epochs, batch_size=args.tasks_per_step * args.group_size,
+            max_per_task=args.warm_start_per_task, seed=runtime.trainer.config.seed,
+            on_replay=replay_line, on_step=step_line,
+        )  # fmt: skip
+    finally:
+        runner.close()
+        source.close()
+    print(report.line(), flush=True)
 
 
 def _published(run: Path) -> list[str]:

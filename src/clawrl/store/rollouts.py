@@ -45,6 +45,7 @@ class RolloutPurpose(StrEnum):
 
     TRAIN = "train"
     EVAL = "eval"
+    WARM_START = "warm_start"  # a demonstration replayed for the warm start (harness/warmstart.py)
 
 
 class GroupDecision(StrEnum):

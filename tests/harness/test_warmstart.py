@@ -1,0 +1,169 @@
+"""The warm start: passed rollouts of training tasks, replayed through a harness in its own format
+and verified again, trained with the supervised gradient; held-out and failed rollouts unused.
+
+The source rollouts come from a scripted engine through the reference agent (their answers
+decide which pass); the warm start trains the tiny random model on the replays' token ids.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from clawrl.cli import main
+from clawrl.config import TrainerConfig
+from clawrl.errors import ConfigError
+from clawrl.gateway import create_app
+from clawrl.gateway.testing import ScriptedEngine
+from clawrl.harness.adapters.external import MiniSweAgentAdapter
+from clawrl.harness.loop import HarnessRunner, HarnessSettings
+from clawrl.harness.tasks import BUILTIN_TASKS, load_task
+from clawrl.harness.warmstart import (
+    MINI_SUBMIT,
+    SFT_METHOD,
+    collect_demonstrations,
+    demo_replies,
+    rollout_commands,
+    run_warm_start,
+)
+from clawrl.store import RolloutPurpose, Store
+from clawrl.trainer.trainer import Trainer
+
+SOLVE = "I will do it.\n```bash\necho hello > hello.txt\n```"
+FAIL = "```bash\nls\n```"
+
+
+def _source(tmp_path, tokenizer, replies_per_rollout):
+    """A store with one reference rollout of create-file-0 per reply list, and one of
+    delete-file-0 (not a training task in these tests)."""
+    store = Store(tmp_path / "source.db")
+    engine = ScriptedEngine(tokenizer, default_reply="DONE")
+    runner = HarnessRunner(
+        create_app(engine, tokenizer, store, model_name="policy"), store,
+        HarnessSettings(harnesses=["reference"], parallel=1),
+    )  # fmt: skip
+    create = load_task(BUILTIN_TASKS / "create-file-0")
+    try:
+        for replies in replies_per_rollout:
+            engine.replies = list(replies)
+            runner.run([(create, runner.adapters[0], "src")])
+        engine.replies = [SOLVE, "DONE"]
+        runner.run([(load_task(BUILTIN_TASKS / "delete-file-0"), runner.adapters[0], "other")])
+    finally:
+        runner.close()
+    return store, create
+
+
+def test_demonstrations_are_passed_distinct_training_rollouts(tmp_path, tokenizer):
+    sources = [[SOLVE, "DONE"], [FAIL, "DONE"], [SOLVE, "DONE"]]
+    store, create = _source(tmp_path, tokenizer, sources)
+    with store:
+        demos, skipped = collect_demonstrations(store, {create.id: create})
+        assert [d.commands for d in demos] == [("echo hello > hello.txt",)]
+        assert demos[0].task_id == create.id and demos[0].harness == "reference"
+        assert skipped == {"not_passed": 1, "duplicate": 1, "not_a_training_task": 1}
+        first = store.rollout_results()[0].rollout.id
+        assert rollout_commands(store, first) == ("echo hello > hello.txt",)
+
+
+def test_replies_follow_each_harness_format():
+    assert demo_replies("reference", ["ls", "pwd"]) == ["```bash\nls\n```", "```bash\npwd\n```",
+                                                        "DONE"]  # fmt: skip
+    assert demo_replies("mini-swe-agent-text", ["ls"])[-1] == f"```bash\n{MINI_SUBMIT}\n```"
+    with pytest.raises(ConfigError, match="no warm-start reply format"):
+        demo_replies("claude-code", ["ls"])
+
+
+def test_sft_method_is_the_supervised_gradient():
+    """ratio vs the policy before the step (1 at the step), advantage = the sample's 1, no KL."""
+    assert SFT_METHOD.kind == "precomputed"
+    assert SFT_METHOD.loss.ratio.kind == "old" and SFT_METHOD.loss.kl.beta == 0.0
+
+
+def _warm_start(tmp_path, tiny, source, tasks, harness, epochs=3):
+    store = Store(tmp_path / "run.db")
+    scripted = ScriptedEngine(tiny.tokenizer)
+    runner = HarnessRunner(
+        create_app(scripted, tiny.tokenizer, store, model_name="policy"), store,
+        HarnessSettings(harnesses=[harness], parallel=1),
+    )  # fmt: skip
+    config = TrainerConfig(method="grpo", micro_batch_size=2, lr=1e-3)
+    trainer = Trainer(tiny.model, config, tmp_path / "out")
+    policy_engine = ScriptedEngine(tiny.tokenizer)  # stands in for the engine being trained
+    try:
+        report = run_warm_start(source, runner, scripted, trainer, policy_engine, tasks,
+                                epochs=epochs, batch_size=2)  # fmt: skip
+    finally:
+        runner.close()
+    return report, store, trainer, policy_engine
+
+
+def test_warm_start_replays_verifies_trains_and_publishes(tmp_path, tiny):
+    source, create = _source(tmp_path, tiny.tokenizer, [[SOLVE, "DONE"], [FAIL, "DONE"]])
+    with source:
+        report, store, trainer, engine = _warm_start(tmp_path, tiny, source, [create],
+                                                     "reference")  # fmt: skip
+    with store:
+        assert report.demonstrations == 1 and report.replays_passed["reference"] == 1
+        assert report.samples == 2  # the command turn and the DONE turn
+        assert report.steps == 3 and report.version == 1 and engine.policy_version == 1
+        assert (tmp_path / "out" / "policies" / "v1").is_dir()
+        assert trainer.method.kind == "grpo"  # the run's own method again
+        # the supervised loss falls over the epochs (the same 2 samples each step)
+        assert report.losses[-1] < report.losses[0]
+        (replay,) = store.rollout_results()
+        assert replay.group.purpose == RolloutPurpose.WARM_START and replay.reward == 1.0
+        assert "warm start" in report.line()
+
+
+def test_no_demonstration_is_a_clear_error(tmp_path, tiny):
+    source, create = _source(tmp_path, tiny.tokenizer, [[FAIL, "DONE"]])
+    with source, pytest.raises(ConfigError, match="no passed rollout of a training task"):
+        _warm_start(tmp_path, tiny, source, [create], "reference")
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(MiniSweAgentAdapter().missing() is not None, reason="mini not installed")
+def test_reference_success_replayed_through_mini_swe_agent_text(tmp_path, tiny):
+    """A reference-agent success becomes mini-swe-agent-text turns: mini's own prompt, the
+    command in its code block, then its submit command; the verifier passes the replay."""
+    source, create = _source(tmp_path, tiny.tokenizer, [[SOLVE, "DONE"]])
+    with source:
+        report, store, _, _ = _warm_start(tmp_path, tiny, source, [create],
+                                          "mini-swe-agent-text", epochs=1)  # fmt: skip
+    with store:
+        assert report.replays_passed["mini-swe-agent-text"] == 1, report.line()
+        (replay,) = store.rollout_results()
+        turns = store.session_turns(replay.rollout.id)
+        assert len(turns) == 2  # the command, then the submit command ended the run
+        first = tiny.tokenizer.decode(turns[0].prompt_ids)
+        assert "Example task:" in first and "Create a file named hello.txt" in first
+        assert MINI_SUBMIT in tiny.tokenizer.decode(turns[1].completion_ids)
+        assert report.samples == 2 and report.version == 1
+
+
+@pytest.mark.timeout(300)
+def test_cli_warm_start_only(tmp_path, tokenizer, capsys):
+    """`harness train --warm-start SRC --steps 0`: the warm start alone, published as v1."""
+    (tmp_path / "src").mkdir()
+    source, _ = _source(tmp_path / "src", tokenizer, [[SOLVE, "DONE"]])
+    source.close()
+    (tmp_path / "src" / "source.db").rename(tmp_path / "src" / "store.db")
+    out = tmp_path / "run"
+    args = ["harness", "train", "--model", "tiny", "--split", "heldout", "--match",
+            "^create-file-0$", "--warm-start", str(tmp_path / "src"), "--steps", "0",
+            "--out", str(out)]  # fmt: skip
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "warm start: 1 demonstrations" in printed and "reference 1/1 passed" in printed
+    assert "published: v1..v1" in printed and (out / "policies" / "v1").is_dir()
+    assert json.loads((out / "run.json").read_text())["warm_start"] == str(tmp_path / "src")
+
+
+def test_cli_warm_start_needs_a_store(tmp_path, capsys):
+    args = ["harness", "train", "--model", "tiny", "--warm-start", str(tmp_path / "nowhere"),
+            "--steps", "0", "--out", str(tmp_path / "run")]  # fmt: skip
+    assert main(args) != 0
+    assert "--warm-start" in capsys.readouterr().err
