@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
+from clawrl.algorithms import LossInputs, compute_loss, count_normalizers
 from clawrl.cli import main
 from clawrl.config import TrainerConfig
 from clawrl.errors import ConfigError
@@ -30,26 +32,29 @@ from clawrl.harness.warmstart import (
 from clawrl.store import RolloutPurpose, Store
 from clawrl.trainer.trainer import Trainer
 
-SOLVE = "I will do it.\n```bash\necho hello > hello.txt\n```"
+SOLVE = "I will do it.\n```bash\necho blue > a.txt\n```"  # solves create-file-2
 FAIL = "```bash\nls\n```"
 
 
 def _source(tmp_path, tokenizer, replies_per_rollout):
-    """A store with one reference rollout of create-file-0 per reply list, and one of
-    delete-file-0 (not a training task in these tests)."""
+    """A store with one reference rollout of create-file-2 (a training task) per reply list,
+    one of delete-file-2 (not a task of these runs) and a passed one of create-file-0 (held
+    out)."""
     store = Store(tmp_path / "source.db")
     engine = ScriptedEngine(tokenizer, default_reply="DONE")
     runner = HarnessRunner(
         create_app(engine, tokenizer, store, model_name="policy"), store,
         HarnessSettings(harnesses=["reference"], parallel=1),
     )  # fmt: skip
-    create = load_task(BUILTIN_TASKS / "create-file-0")
+    create = load_task(BUILTIN_TASKS / "create-file-2")
     try:
         for replies in replies_per_rollout:
             engine.replies = list(replies)
             runner.run([(create, runner.adapters[0], "src")])
         engine.replies = [SOLVE, "DONE"]
-        runner.run([(load_task(BUILTIN_TASKS / "delete-file-0"), runner.adapters[0], "other")])
+        runner.run([(load_task(BUILTIN_TASKS / "delete-file-2"), runner.adapters[0], "other")])
+        engine.replies = ["```bash\necho hello > hello.txt\n```", "DONE"]
+        runner.run([(load_task(BUILTIN_TASKS / "create-file-0"), runner.adapters[0], "held")])
     finally:
         runner.close()
     return store, create
@@ -59,12 +64,24 @@ def test_demonstrations_are_passed_distinct_training_rollouts(tmp_path, tokenize
     sources = [[SOLVE, "DONE"], [FAIL, "DONE"], [SOLVE, "DONE"]]
     store, create = _source(tmp_path, tokenizer, sources)
     with store:
-        demos, skipped = collect_demonstrations(store, {create.id: create})
-        assert [d.commands for d in demos] == [("echo hello > hello.txt",)]
+        heldout = load_task(BUILTIN_TASKS / "create-file-0")
+        assert heldout.split == "heldout"
+        demos, skipped = collect_demonstrations(store, {create.id: create, heldout.id: heldout})
+        assert [d.commands for d in demos] == [("echo blue > a.txt",)]
         assert demos[0].task_id == create.id and demos[0].harness == "reference"
-        assert skipped == {"not_passed": 1, "duplicate": 1, "not_a_training_task": 1}
+        assert skipped == {"not_passed": 1, "duplicate": 1, "not_a_training_task": 1,
+                           "heldout_task": 1}  # fmt: skip
         first = store.rollout_results()[0].rollout.id
-        assert rollout_commands(store, first) == ("echo hello > hello.txt",)
+        assert rollout_commands(store, first) == ("echo blue > a.txt",)
+
+
+def test_a_mini_swe_agent_submit_is_no_command(tmp_path, tokenizer):
+    """mini-swe-agent's submit command ends its run; it is not part of the demonstration."""
+    submit = f"```bash\n{MINI_SUBMIT}\n```"
+    store, create = _source(tmp_path, tokenizer, [[SOLVE, submit, "DONE"]])
+    with store:
+        demos, _ = collect_demonstrations(store, {create.id: create})
+        assert [d.commands for d in demos] == [("echo blue > a.txt",)]
 
 
 def test_replies_follow_each_harness_format():
@@ -76,9 +93,28 @@ def test_replies_follow_each_harness_format():
 
 
 def test_sft_method_is_the_supervised_gradient():
-    """ratio vs the policy before the step (1 at the step), advantage = the sample's 1, no KL."""
-    assert SFT_METHOD.kind == "precomputed"
-    assert SFT_METHOD.loss.ratio.kind == "old" and SFT_METHOD.loss.kl.beta == 0.0
+    """ratio vs the policy before the step (1 at the step), advantage 1, no KL: the loss's
+    gradient is that of the token-mean negative log-likelihood (float64, masked, ragged)."""
+    assert SFT_METHOD.kind == "precomputed" and SFT_METHOD.loss.kl.beta == 0.0
+    torch.manual_seed(0)
+    logits = torch.randn(3, 5, 7, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 7, (3, 5))
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [0, 1, 1, 0, 0]], dtype=torch.bool)
+
+    def policy_lp():
+        return logits.log_softmax(-1).gather(-1, targets[..., None])[..., 0]
+
+    lp = policy_lp()
+    inputs = LossInputs(
+        policy_logprobs=lp, sampling_logprobs=lp.detach() - 0.3, advantages=torch.ones_like(lp),
+        loss_mask=mask, old_logprobs=lp.detach(),
+        normalizers=count_normalizers(mask, None, mask_truncated=False),
+    )  # fmt: skip
+    (got,) = torch.autograd.grad(compute_loss(SFT_METHOD.loss, inputs).loss, logits)
+    nll = -(policy_lp() * mask).sum() / mask.sum()
+    (want,) = torch.autograd.grad(nll, logits)
+    torch.testing.assert_close(got, want)
+    assert got.abs().sum() > 0
 
 
 def _warm_start(tmp_path, tiny, source, tasks, harness, epochs=3):
@@ -139,7 +175,7 @@ def test_reference_success_replayed_through_mini_swe_agent_text(tmp_path, tiny):
         turns = store.session_turns(replay.rollout.id)
         assert len(turns) == 2  # the command, then the submit command ended the run
         first = tiny.tokenizer.decode(turns[0].prompt_ids)
-        assert "Example task:" in first and "Create a file named hello.txt" in first
+        assert "Example task:" in first and "Create a file named a.txt" in first
         assert MINI_SUBMIT in tiny.tokenizer.decode(turns[1].completion_ids)
         assert report.samples == 2 and report.version == 1
 
@@ -152,9 +188,8 @@ def test_cli_warm_start_only(tmp_path, tokenizer, capsys):
     source.close()
     (tmp_path / "src" / "source.db").rename(tmp_path / "src" / "store.db")
     out = tmp_path / "run"
-    args = ["harness", "train", "--model", "tiny", "--split", "heldout", "--match",
-            "^create-file-0$", "--warm-start", str(tmp_path / "src"), "--steps", "0",
-            "--out", str(out)]  # fmt: skip
+    args = ["harness", "train", "--model", "tiny", "--match", "^create-file-2$",
+            "--warm-start", str(tmp_path / "src"), "--steps", "0", "--out", str(out)]  # fmt: skip
     assert main(args) == 0
     printed = capsys.readouterr().out
     assert "warm start: 1 demonstrations" in printed and "reference 1/1 passed" in printed
@@ -162,8 +197,27 @@ def test_cli_warm_start_only(tmp_path, tokenizer, capsys):
     assert json.loads((out / "run.json").read_text())["warm_start"] == str(tmp_path / "src")
 
 
-def test_cli_warm_start_needs_a_store(tmp_path, capsys):
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ([], "no store at"),
+        (["--harness", "claude-code"], "no warm-start reply format"),
+        (["--warm-start-epochs", "0"], "must be >= 1"),
+    ],
+)
+def test_cli_warm_start_refuses_before_loading_the_model(tmp_path, capsys, extra, message):
     args = ["harness", "train", "--model", "tiny", "--warm-start", str(tmp_path / "nowhere"),
-            "--steps", "0", "--out", str(tmp_path / "run")]  # fmt: skip
+            "--steps", "0", "--out", str(tmp_path / "run"), *extra]  # fmt: skip
     assert main(args) != 0
-    assert "--warm-start" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_cli_warm_start_with_rl_steps_needs_no_kl_to_the_base(tmp_path, tokenizer, capsys):
+    (tmp_path / "src").mkdir()
+    _source(tmp_path / "src", tokenizer, [[SOLVE, "DONE"]])[0].close()
+    (tmp_path / "src" / "source.db").rename(tmp_path / "src" / "store.db")
+    args = ["harness", "train", "--model", "tiny", "--warm-start", str(tmp_path / "src"),
+            "--steps", "1", "--out", str(tmp_path / "run")]  # fmt: skip
+    assert main(args) != 0
+    assert "trainer.method.loss.kl.beta=0" in capsys.readouterr().err

@@ -176,7 +176,7 @@ def _tasks(args: argparse.Namespace) -> list[Any]:
             raise ConfigError(f"--match {args.match!r} is not a regular expression: {e}") from e
         tasks = [t for t in tasks if pattern.search(t.id)]
         if not tasks:
-            raise ConfigError(f"--match {args.match!r}: no {args.split or 'all'} task id matches")
+            raise ConfigError(f"--match {args.match!r}: no task id of --split {args.split} matches")
     if args.time_limit:
         tasks = [dataclasses.replace(t, time_limit_s=args.time_limit) for t in tasks]
     return tasks[: args.limit] if args.limit else tasks
@@ -256,6 +256,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             "harness train publishes LoRA adapters (policies/vN) for eval and export; "
             "--full-finetune (trainer.full_finetune) is not supported in harness mode"
         )
+    if args.warm_start:
+        _check_warm_start(args, cfg)
     cfg = cfg.model_copy(
         update={"trainer": cfg.trainer.model_copy(update={"output_dir": str(out)})}
     )
@@ -263,6 +265,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     (out / "run.json").write_text(json.dumps({
         "model": args.model, "harness": args.harness, "tasks": args.tasks, "split": args.split,
         "match": args.match, "warm_start": args.warm_start,
+        "warm_start_epochs": args.warm_start_epochs,
+        "warm_start_per_task": args.warm_start_per_task,
         "steps": args.steps, "tasks_per_step": args.tasks_per_step,
         "group_size": args.group_size, "trainer": cfg.trainer.model_dump(mode="json"),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -334,18 +338,52 @@ def _source_store(spec: str) -> Any:
     return Store(spec, read_only=True)
 
 
+def _check_warm_start(args: argparse.Namespace, cfg: Any) -> None:
+    """Refuse a warm start that would fail or mislead, before the model loads.
+
+    Raises:
+        ConfigError: epochs or demos per task below 1, a harness without a demonstration
+            format, no store at ``--warm-start``, or RL steps with a KL penalty (it would anchor
+            to the base weights, not to the warm start).
+    """
+    from clawrl.harness.warmstart import demo_replies
+
+    if args.warm_start_epochs < 1 or args.warm_start_per_task < 1:
+        raise ConfigError("--warm-start-epochs and --warm-start-per-task must be >= 1")
+    for harness in [h.strip() for h in args.harness.split(",") if h.strip()]:
+        demo_replies(harness, ())
+    _source_store(args.warm_start).close()
+    beta = cfg.trainer.method.loss.kl.beta
+    if args.steps > 0 and beta > 0:
+        raise ConfigError(
+            f"--warm-start with RL steps and a KL penalty (beta {beta}): the penalty's reference "
+            "is the base weights (LoRA disabled), so it would pull the policy back from the "
+            "warm start; add --set trainer.method.loss.kl.beta=0, or --steps 0"
+        )
+
+
 def _warm_start(args: argparse.Namespace, runtime: Any, policy: Any, tasks: list[Any]) -> None:
     """Run the warm start (:mod:`clawrl.harness.warmstart`) before the RL steps; prints a line
-    per replay batch and step, and its summary."""
+    per ten replays and per step, and its summary.
+
+    Raises:
+        ConfigError: no demonstration, or none passed its replay.
+        StoreError: a store cannot be read or written.
+    """
     from clawrl.gateway import create_app
     from clawrl.gateway.testing import ScriptedEngine
     from clawrl.harness.loop import HarnessRunner
     from clawrl.harness.warmstart import run_warm_start
 
+    source = _source_store(args.warm_start)
     settings = dataclasses.replace(_settings(args, policy.name), parallel=1, group_size=1)
     scripted = ScriptedEngine(policy.tokenizer)
     app = create_app(scripted, policy.tokenizer, runtime.store, model_name=policy.name)
-    runner = HarnessRunner(app, runtime.store, settings)
+    try:
+        runner = HarnessRunner(app, runtime.store, settings)
+    except BaseException:
+        source.close()
+        raise
     t0 = time.perf_counter()
 
     def replay_line(done: int, total: int) -> None:
@@ -357,7 +395,6 @@ def _warm_start(args: argparse.Namespace, runtime: Any, policy: Any, tasks: list
         print(f"warm start step {step}/{total}: nll={-m.get('logprob/mean', float('nan')):.3f} "
               f"samples={int(m.get('samples/trained', 0))}", flush=True)  # fmt: skip
 
-    source = _source_store(args.warm_start)
     try:
         report = run_warm_start(
             source, runner, scripted, runtime.trainer, runtime.engine, tasks,

@@ -5,23 +5,30 @@ action format), so RL through that harness has no reward to learn from. The warm
 that format from the model's own successes elsewhere:
 
 1. :func:`collect_demonstrations`: from a store of earlier harness rollouts (``clawrl harness
-   eval --split train`` or a ``harness train`` run), the *passed* rollouts (reward 1) of training
+   eval --split train`` or a ``harness train`` run), the *passed* rollouts (reward 1) of the run's
    tasks, each as the shell commands it ran (parsed from its turns as the reference agent parses
-   them); held-out tasks are never used. At most ``max_per_task`` distinct command lists per task.
+   them; mini-swe-agent's submit command left out); a task of the held-out split is never used,
+   whatever the run trains on. At most ``max_per_task`` distinct command lists per task.
 2. :func:`replay_demonstrations`: each demonstration is replayed through the *target* harness,
    unmodified, in the sandbox, against a gateway whose engine answers with the demonstration's
    commands in that harness's reply format (:data:`DEMO_FORMATS`) and then its finishing reply.
    The gateway records the calls token-exactly as it records any rollout, so the training
    prompts are exactly what the harness sends (its system prompt, templates, observations). A
    replay is kept only if the task's verifier passes it again.
-3. :func:`warm_start`: the replayed turns become samples (:func:`clawrl.harness.samples.
-   rollout_samples`: the prefix tree's trained turns, each sampled token once) with advantage
+3. :func:`warm_start`: the replayed turns become samples
+   (:func:`clawrl.harness.samples.rollout_samples`: the prefix tree's trained turns, each
+   sampled token once) with advantage
    1 and are trained with the method ``precomputed`` and the ``old`` importance ratio (the
    policy before each optimizer step): at ratio 1 the PPO-clip gradient is ``∇ log π(a_t|s)``
    per completion token, i.e. the supervised (negative log-likelihood) gradient, token-mean
    aggregated. No KL term. Rejection-sampling fine-tuning on the model's own successes (RFT,
    Yuan et al. 2023, "Scaling Relationship on Learning Mathematical Reasoning with LLMs"), with
-   the harness's format supplied by the replay. One policy version is published at the end.
+   the harness's format supplied by the replay. One policy version is published at the end,
+   and the optimizer and its schedule start afresh for the RL steps that follow.
+
+After the warm start, a KL penalty of the RL method would anchor to the *base* weights (the
+LoRA adapter disabled), pulling the policy away from what the warm start taught: ``clawrl
+harness train`` refuses ``--warm-start`` with RL steps and a KL penalty (``loss.kl.beta > 0``).
 
 Demonstration rollouts are recorded in the run's store like any rollout (group label
 ``warm-start/TASK/HARNESS``, purpose ``warm_start``), so ``clawrl sessions`` shows them.
@@ -87,7 +94,7 @@ class WarmStartReport:
     Attributes:
         demonstrations: distinct demonstrations collected (task, commands).
         skipped: source rollouts not used, by reason (``not_passed``, ``not_a_training_task``,
-            ``no_command``, ``duplicate``, ``over_max_per_task``).
+            ``heldout_task``, ``no_command``, ``duplicate``, ``over_max_per_task``).
         replays: replay rollouts run per harness.
         replays_passed: replays the verifier passed again, per harness (only these train).
         samples: samples trained (one per replayed model turn).
@@ -126,10 +133,17 @@ class WarmStartReport:
         )
 
 
-def rollout_commands(store: Store, rollout_id: str) -> tuple[str, ...]:
-    """The shell commands a rollout's model turns asked for, oldest first (side calls and failed
-    calls left out), parsed as the reference agent parses a reply
-    (:func:`~clawrl.harness.adapters.reference_agent.extract_command`)."""
+def rollout_commands(store: Store, rollout_id: str) -> tuple[str, ...] | None:
+    """The shell commands a rollout's model turns asked for, oldest first (side calls, failed
+    calls and mini-swe-agent's submit command left out), parsed as the reference agent parses a
+    reply (:func:`~clawrl.harness.adapters.reference_agent.extract_command`).
+
+    Returns:
+        The commands, or ``None`` when one holds a code fence (it cannot be replayed inside one).
+
+    Raises:
+        StoreError: the store cannot be read.
+    """
     commands: list[str] = []
     for turn in store.session_turns(rollout_id):
         if turn.kind != "main" or turn.status != "ok" or not isinstance(turn.output, dict):
@@ -137,8 +151,11 @@ def rollout_commands(store: Store, rollout_id: str) -> tuple[str, ...]:
         message = {"content": turn.output.get("content") or "",
                    "tool_calls": turn.output.get("tool_calls") or []}  # fmt: skip
         command, _ = extract_command(message)
-        if command is not None:
-            commands.append(command)
+        if command is None or command.strip() == MINI_SUBMIT:
+            continue
+        if "```" in command:
+            return None
+        commands.append(command)
     return tuple(commands)
 
 
@@ -151,6 +168,9 @@ def collect_demonstrations(
 
     Returns:
         ``(demonstrations, skipped)``: skipped source rollouts counted by reason.
+
+    Raises:
+        StoreError: the store cannot be read.
     """
     skipped: Counter[str] = Counter()
     seen: set[tuple[str, tuple[str, ...]]] = set()
@@ -159,13 +179,20 @@ def collect_demonstrations(
     for result in store.rollout_results():
         if result.group.purpose == RolloutPurpose.WARM_START:
             continue  # a replay is not a source
-        if result.task_id not in tasks:
+        task = tasks.get(result.task_id)
+        if task is None:
             skipped["not_a_training_task"] += 1
+            continue
+        if task.split == "heldout":
+            skipped["heldout_task"] += 1
             continue
         if result.reward is None or result.reward < 1.0:
             skipped["not_passed"] += 1
             continue
         commands = rollout_commands(store, result.rollout.id)
+        if commands is None:
+            skipped["code_fence_in_command"] += 1
+            continue
         if not commands:
             skipped["no_command"] += 1
             continue
@@ -210,9 +237,11 @@ def replay_demonstrations(
 
     Args:
         runner: a :class:`clawrl.harness.loop.HarnessRunner` whose gateway app serves
-            ``engine`` and records into the run's store.
+            ``engine`` and records into the run's store (``parallel = 1``: the engine's replies
+            are one replay's at a time).
         engine: a :class:`clawrl.gateway.testing.ScriptedEngine` on the policy's tokenizer; its
             replies are set per replay.
+        demos: the demonstrations; each one's task must be in ``tasks`` (task id -> task).
         report: counts ``replays`` and ``replays_passed`` per harness.
         on_replay: called with (replays done, replays in all).
 
@@ -221,6 +250,7 @@ def replay_demonstrations(
 
     Raises:
         ConfigError: a harness has no demonstration format.
+        StoreError: the store refused a group or a rollout.
     """
     for adapter in runner.adapters:
         demo_replies(adapter.name, ())  # fail before any replay
@@ -294,8 +324,14 @@ def warm_start(
     until it serves.
 
     Args:
-        trainer: the run's :class:`clawrl.trainer.Trainer` (its optimizer and LoRA carry on into
-            the RL steps after; its own method is restored).
+        trainer: the run's :class:`clawrl.trainer.Trainer` (its LoRA carries on into the RL
+            steps after; its own method is restored, its optimizer and schedule reset).
+        engine: the engine serving the policy (the version is published to it).
+        samples: from :func:`warm_start_samples`; each trained with advantage 1.
+        report: records ``samples``, ``steps``, ``losses`` and ``version``.
+        epochs: passes over ``samples``.
+        batch_size: samples per optimizer step (the last of an epoch may hold fewer).
+        seed: the shuffle's seed.
         on_step: called with (step, steps in all, the step's metrics).
 
     Returns:
@@ -328,6 +364,7 @@ def warm_start(
             report.losses.append(-float(metrics.get("logprob/mean", float("nan"))))
             if on_step is not None:
                 on_step(step, len(batches), metrics)
+    trainer.reset_optimizer()  # RL starts with fresh Adam moments and its own warm-up
     version = trainer.publish(engine)
     wait_for_version(engine, version)
     report.version = version
@@ -363,6 +400,9 @@ def run_warm_start(
     Raises:
         ConfigError: no demonstration was found, none passed its replay, or a harness has no
             demonstration format.
+        ValueError: ``epochs`` or ``batch_size`` below 1.
+        EngineError: the engine did not serve the published version.
+        StoreError: a store cannot be read or written.
     """
     t0 = time.perf_counter()
     report = WarmStartReport()

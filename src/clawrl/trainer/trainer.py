@@ -154,6 +154,15 @@ class Trainer:
         self.ref_logprobs = None if self.ref_model is None else TokenLogprobs(self.ref_model)
         self._shard()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.reset_optimizer()
+        self.step = 0
+        self.policy_version = policy_version
+
+    def reset_optimizer(self) -> None:
+        """A fresh AdamW (no moments) and warm-up schedule over the trainable parameters, the
+        weights kept: what a new phase of training starts with (after a supervised warm start,
+        :mod:`clawrl.harness.warmstart`)."""
+        config = self.config
         self.optimizer = torch.optim.AdamW(
             self.params, lr=config.lr, weight_decay=config.weight_decay
         )
@@ -161,8 +170,6 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: min(1.0, (step + 1) / warm) if warm else 1.0
         )
-        self.step = 0
-        self.policy_version = policy_version
 
     # ----------------------------------------------------------------- data parallelism
 
