@@ -69,7 +69,7 @@ def test_demonstrations_are_passed_distinct_training_rollouts(tmp_path, tokenize
         demos, skipped = collect_demonstrations(store, {create.id: create, heldout.id: heldout})
         assert [d.commands for d in demos] == [("echo blue > a.txt",)]
         assert demos[0].task_id == create.id and demos[0].harness == "reference"
-        assert skipped == {"not_passed": 1, "duplicate": 1, "not_a_training_task": 1,
+        assert skipped == {"not_passed": 1, "duplicate": 1, "not_in_this_run": 1,
                            "heldout_task": 1}  # fmt: skip
         first = store.rollout_results()[0].rollout.id
         assert rollout_commands(store, first) == ("echo blue > a.txt",)
@@ -155,7 +155,7 @@ def test_warm_start_replays_verifies_trains_and_publishes(tmp_path, tiny):
 
 def test_no_demonstration_is_a_clear_error(tmp_path, tiny):
     source, create = _source(tmp_path, tiny.tokenizer, [[FAIL, "DONE"]])
-    with source, pytest.raises(ConfigError, match="no passed rollout of a training task"):
+    with source, pytest.raises(ConfigError, match="no demonstration in"):
         _warm_start(tmp_path, tiny, source, [create], "reference")
 
 
@@ -203,6 +203,7 @@ def test_cli_warm_start_only(tmp_path, tokenizer, capsys):
         ([], "no store at"),
         (["--harness", "claude-code"], "no warm-start reply format"),
         (["--warm-start-epochs", "0"], "must be >= 1"),
+        (["--split", "heldout"], "not with --split heldout"),
     ],
 )
 def test_cli_warm_start_refuses_before_loading_the_model(tmp_path, capsys, extra, message):
@@ -220,4 +221,17 @@ def test_cli_warm_start_with_rl_steps_needs_no_kl_to_the_base(tmp_path, tokenize
     args = ["harness", "train", "--model", "tiny", "--warm-start", str(tmp_path / "src"),
             "--steps", "1", "--out", str(tmp_path / "run")]  # fmt: skip
     assert main(args) != 0
-    assert "trainer.method.loss.kl.beta=0" in capsys.readouterr().err
+    assert "--kl-beta 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--steps", "0"], "nothing to train"),
+        (["--steps", "-1"], "nothing to train"),
+        (["--warm-start-epochs", "3"], "need --warm-start SRC"),
+    ],
+)
+def test_cli_train_refuses_what_trains_nothing(tmp_path, capsys, args, message):
+    assert main(["harness", "train", "--model", "tiny", "--out", str(tmp_path / "r"), *args]) != 0
+    assert message in capsys.readouterr().err

@@ -81,10 +81,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_trainer_options(g, batch_size=False)
     w = t.add_argument_group(
         "warm start",
-        "Before the RL steps, supervised steps on the model's own passed rollouts of training "
-        "tasks (from SRC's store), each replayed through every --harness in that harness's "
-        "format and verified again; published as the first version. For a harness whose "
-        "format the model does not produce (mini-swe-agent-text). --steps 0: the warm start only.",
+        "Before the RL steps, supervised steps on the model's own successes: the rollouts in "
+        "SRC's store that passed (reward 1) a task of this run (its --split train / --match / "
+        "--limit; held-out tasks never), each replayed through every --harness in that "
+        "harness's format (reference, mini-swe-agent-text) and verified again. Published as v1 "
+        "(RL versions follow from v2). For a harness whose format the model does not produce. "
+        "--steps 0: the warm start only; with RL steps, --kl-beta 0 (the KL reference would be "
+        "the base weights).",
     )
     w.add_argument(
         "--warm-start",
@@ -92,9 +95,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="a 'harness eval' or 'harness train' output dir (or store) with passed rollouts, "
         "e.g. from 'clawrl harness eval --split train --k 4 --out SRC'",
     )
-    w.add_argument("--warm-start-epochs", type=int, default=2, help="passes over the demos (2)")
     w.add_argument(
-        "--warm-start-per-task", type=int, default=2, help="distinct demos per task at most (2)"
+        "--warm-start-epochs",
+        type=int,
+        help="passes over the replayed turns; a step takes tasks-per-step x group-size (2)",
+    )
+    w.add_argument(
+        "--warm-start-per-task", type=int, help="distinct command lists per task at most (2)"
     )
     add_judge_options(t)
     add_config_options(t)
@@ -244,6 +251,13 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     tasks = _tasks(args)
     out = Path(args.out)
+    if args.steps < 0 or (args.steps == 0 and not args.warm_start):
+        raise ConfigError(f"--steps {args.steps}: nothing to train (give --steps >= 1, or "
+                          "--warm-start SRC --steps 0 for the warm start alone)")  # fmt: skip
+    if not args.warm_start and (args.warm_start_epochs or args.warm_start_per_task):
+        raise ConfigError("--warm-start-epochs and --warm-start-per-task need --warm-start SRC")
+    args.warm_start_epochs = 2 if args.warm_start_epochs is None else args.warm_start_epochs
+    args.warm_start_per_task = 2 if args.warm_start_per_task is None else args.warm_start_per_task
     if stale := _published(out):
         raise ConfigError(
             f"{out} already holds policy versions ({', '.join(stale[:5])}...): a "
@@ -279,9 +293,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     runner = HarnessRunner(runtime.app, runtime.store, _settings(args, policy.name))
     writer = MetricsWriter(out, tensorboard=False)
     judge = runtime.judge.judge if runtime.judge is not None else None
-    print(f"training {args.steps} steps x {min(args.tasks_per_step, len(tasks))} tasks x "
-          f"{args.group_size} rollouts through {args.harness} ({len(tasks)} {args.split} tasks); "
-          f"out: {out}", flush=True)  # fmt: skip
+    warm = f"a warm start from {args.warm_start}, then " if args.warm_start else ""
+    print(f"training {warm}{args.steps} steps x {min(args.tasks_per_step, len(tasks))} tasks x "
+          f"{args.group_size} rollouts through {args.harness} ({len(tasks)} tasks of --split "
+          f"{args.split}); out: {out}", flush=True)  # fmt: skip
 
     def step_line(step: int, m: dict[str, float]) -> None:
         per = "  ".join(
@@ -346,19 +361,23 @@ def _check_warm_start(args: argparse.Namespace, cfg: Any) -> None:
             format, no store at ``--warm-start``, or RL steps with a KL penalty (it would anchor
             to the base weights, not to the warm start).
     """
+    from clawrl.harness.adapters import ADAPTERS
     from clawrl.harness.warmstart import demo_replies
 
     if args.warm_start_epochs < 1 or args.warm_start_per_task < 1:
         raise ConfigError("--warm-start-epochs and --warm-start-per-task must be >= 1")
+    if args.split == "heldout":
+        raise ConfigError("--warm-start trains on this run's tasks: not with --split heldout")
     for harness in [h.strip() for h in args.harness.split(",") if h.strip()]:
-        demo_replies(harness, ())
+        if harness in ADAPTERS:  # an unknown one is refused with the known names later
+            demo_replies(harness, ())
     _source_store(args.warm_start).close()
     beta = cfg.trainer.method.loss.kl.beta
     if args.steps > 0 and beta > 0:
         raise ConfigError(
             f"--warm-start with RL steps and a KL penalty (beta {beta}): the penalty's reference "
             "is the base weights (LoRA disabled), so it would pull the policy back from the "
-            "warm start; add --set trainer.method.loss.kl.beta=0, or --steps 0"
+            "warm start; add --kl-beta 0 (trainer.method.loss.kl.beta), or --steps 0"
         )
 
 

@@ -93,8 +93,9 @@ class WarmStartReport:
 
     Attributes:
         demonstrations: distinct demonstrations collected (task, commands).
-        skipped: source rollouts not used, by reason (``not_passed``, ``not_a_training_task``,
-            ``heldout_task``, ``no_command``, ``duplicate``, ``over_max_per_task``).
+        skipped: source rollouts not used, by reason (``not_passed``, ``not_in_this_run`` (a
+            task the run does not train on), ``heldout_task``, ``no_command``,
+            ``code_fence_in_command``, ``duplicate``, ``over_max_per_task``).
         replays: replay rollouts run per harness.
         replays_passed: replays the verifier passed again, per harness (only these train).
         samples: samples trained (one per replayed model turn).
@@ -120,7 +121,7 @@ class WarmStartReport:
         replays = ", ".join(
             f"{h} {self.replays_passed[h]}/{n} passed" for h, n in sorted(self.replays.items())
         )
-        skipped = ", ".join(f"{k} {v}" for k, v in sorted(self.skipped.items())) or "none"
+        skipped = _counts(self.skipped)
         loss = (
             f"NLL {self.losses[0]:.3f} -> {self.losses[-1]:.3f} nats/token"
             if self.losses
@@ -131,6 +132,11 @@ class WarmStartReport:
             f"{skipped}); replays: {replays or 'none'}; {self.samples} samples, "
             f"{self.steps} steps, {loss}; version {self.version}; {self.wall_s:.0f}s"
         )
+
+
+def _counts(counter: Mapping[str, int]) -> str:
+    """``not_passed 138, duplicate 10`` (``none`` when empty)."""
+    return ", ".join(f"{k} {v}" for k, v in sorted(counter.items())) or "none"
 
 
 def rollout_commands(store: Store, rollout_id: str) -> tuple[str, ...] | None:
@@ -181,7 +187,7 @@ def collect_demonstrations(
             continue  # a replay is not a source
         task = tasks.get(result.task_id)
         if task is None:
-            skipped["not_a_training_task"] += 1
+            skipped["not_in_this_run"] += 1
             continue
         if task.split == "heldout":
             skipped["heldout_task"] += 1
@@ -410,17 +416,22 @@ def run_warm_start(
     demos, report.skipped = collect_demonstrations(source, by_id, max_per_task=max_per_task)
     report.demonstrations = len(demos)
     if not demos:
+        ours = sum(n for k, n in report.skipped.items() if k != "not_in_this_run")
         raise ConfigError(
-            "warm start: no passed rollout of a training task in the source store "
-            f"(skipped: {dict(report.skipped) or 'no rollouts at all'}); run e.g. "
-            "'clawrl harness eval --split train --k 4 --out SRC' first"
+            f"warm start: no demonstration in {source.target}: of its "
+            f"{sum(report.skipped.values())} rollouts, {ours} are of this run's "
+            f"{len(by_id)} tasks and none of those passed with a replayable command (skipped: "
+            f"{_counts(report.skipped)}). The warm start needs the model's successes (reward 1) "
+            "on this run's tasks: more rollouts per task (--k), more tasks, or rollouts of this "
+            "run's tasks (--split/--match) in SRC"
         )
     passed = replay_demonstrations(runner, scripted_engine, demos, by_id, report,
                                    on_replay=on_replay)  # fmt: skip
     if not passed:
         raise ConfigError(
             f"warm start: none of {len(demos)} demonstrations passed its replay through "
-            f"{', '.join(a.name for a in runner.adapters)} (see clawrl sessions list)"
+            f"{', '.join(a.name for a in runner.adapters)} (see clawrl sessions list --store "
+            f"{runner.store.target})"
         )
     samples = warm_start_samples(runner.store, passed)
     warm_start(trainer, engine, samples, report, epochs=epochs, batch_size=batch_size,
