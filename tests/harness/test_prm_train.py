@@ -97,7 +97,8 @@ def test_prm_outcome_step_judges_turns_stores_judgments_and_trains(tmp_path, tin
             command, done = _turns_by_step(store, rollout_id)
             judged = store.get_judgment(command.id)
             assert judged is not None and judged.score == (1 if reward == 1.0 else -1)
-            assert judged.backend == "generative:scripted" and judged.next_state_role
+            assert judged.backend == "generative:scripted"
+            assert judged.next_state_role == "environment"  # the harness's output, not a person
             last = store.get_judgment(done.id)
             assert last is not None and last.score is None and last.reason == "no_next_state"
 

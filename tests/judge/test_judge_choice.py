@@ -156,6 +156,17 @@ def test_empty_next_state_is_neutral_without_a_model_call(tokenizer, mk_input):
     assert engine.calls == []
 
 
+def test_nonzero_exit_status_of_a_program_is_bad_without_a_model_call(tokenizer, mk_input):
+    engine = StubScoreEngine(tokenizer, {})
+    backend = ChoiceBackend(engine, tokenizer)
+    for role in ("tool", "environment"):
+        text = "cp: cannot stat 'out.txt': No such file or directory\n[exit code 1]"
+        votes = asyncio.run(backend.votes(mk_input(text, role=role), [0, 1]))
+        assert [v.score for v in votes] == [Score.BAD] * 2
+        assert json.loads(votes[0].raw) == {"rule": "exit_status"}
+    assert engine.calls == []
+
+
 def test_templates_follow_the_next_state_role(tokenizer):
     backend = ChoiceBackend(object(), tokenizer)
     for role in NextStateRole:

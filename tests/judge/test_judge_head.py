@@ -112,6 +112,34 @@ def test_empty_program_output_is_neutral_without_the_model(tiny_head):
     assert [v.score for v in votes] == [Score.NEUTRAL] * 3
 
 
+@pytest.mark.parametrize(
+    "role", [NextStateRole.TOOL, NextStateRole.ENVIRONMENT], ids=["tool", "environment"]
+)
+def test_a_nonzero_exit_status_is_bad_without_the_model(tiny_head, role):
+    policy, _, _, path = tiny_head
+    backend = HeadBackend(policy.model, policy.tokenizer, head=path)
+    backend.extractor.features = None  # would raise if called
+    text = "Output:\nsh: 1: sudo: not found\n\n(exit code 127)"
+    votes = asyncio.run(backend.votes(_inp(role, text), [0, 1, 2]))
+    assert [v.score for v in votes] == [Score.BAD] * 3
+    assert json.loads(votes[0].raw) == {"rule": "exit_status"} and "127" in votes[0].detail
+
+
+def test_exit_status_zero_and_a_user_quoting_a_status_go_to_the_model(tiny_head):
+    policy, _, _, path = tiny_head
+    backend = HeadBackend(policy.model, policy.tokenizer, head=path)
+    calls = []
+    features = backend.extractor.features
+    backend.extractor.features = lambda texts: calls.append(texts) or features(texts)
+    for inp in (
+        _inp(NextStateRole.TOOL, "Output:\n(exit code 0)"),
+        _inp(NextStateRole.USER, "it failed with exit code 1, fix it"),
+    ):
+        votes = asyncio.run(backend.votes(inp, [0]))
+        assert "rule" not in json.loads(votes[0].raw)
+    assert len(calls) == 2
+
+
 def test_more_votes_than_probes_is_refused(tiny_head):
     policy, _, _, path = tiny_head
     backend = HeadBackend(policy.model, policy.tokenizer, head=path)

@@ -123,3 +123,23 @@ def test_a_turn_another_worker_claimed_is_skipped_unless_that_worker_died_here(t
         asyncio.run(worker.poll_once())
         assert store.get_judgment(t1).score == 1  # taken over at once, judged
         assert store.get_lease(judge_claim(t1)) is None  # and released
+
+
+def test_observations_judges_a_harness_user_message_as_program_output(tmp_path, tokenizer):
+    """Harness mode: the harness sends a command's output as a user message; the judge reads
+    it as the environment's output (its exit-status rule applies), and the stored judgment
+    records the role read. Without ``observations`` (the online loop) it stays a user reply."""
+    seen = []
+
+    async def judge(inp):
+        seen.append(inp.next_state.role)
+        return Judgment(score=Score.BAD, backend=BackendKind.HEAD, model="stub")
+
+    output = "Output:\nsh: 1: nano: not found\n\n(exit code 127)"
+    for observations, role in ((True, "environment"), (False, "user")):
+        with Store(tmp_path / f"s-{observations}.db") as store:
+            _, t1, _ = _session(store, tokenizer, reply=output)
+            worker = JudgeWorker(store, judge, observations=observations)
+            assert asyncio.run(worker.poll_once()) == 1
+            assert store.get_judgment(t1).next_state_role == role
+            assert seen[-1] == role

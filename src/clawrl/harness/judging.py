@@ -4,7 +4,9 @@ With a method whose samples carry step scores (:class:`clawrl.config.PRMOutcomeM
 training step of harness mode judges the turns of its rollouts before building samples, the way
 the online loop does: the same :class:`~clawrl.trainer.judge_worker.JudgeWorker` builds each
 turn's judge input from its next state (:func:`clawrl.trajectory.next_state`: the tool output or
-message that followed the turn in the rollout's prefix tree), asks the configured judge (m votes,
+message that followed the turn in the rollout's prefix tree; no person takes part in a rollout,
+so a harness's observation sent as a user message, e.g. ``Output: ... (exit code 0)``, is judged
+as a program's output: role ``environment``), asks the configured judge (m votes,
 majority +1 / -1 / 0) and stores the judgment in the store's ``judgments`` table, so it shows in
 ``clawrl sessions``, the dashboard and ``clawrl export``. A turn without a next state (the
 rollout's last turn: the harness exited after it) is stored with reason ``no_next_state``; a judge
@@ -58,7 +60,9 @@ class StepJudge:
     def __init__(
         self, store: Store, judge: JudgeFn, *, timeout_s: float = 150.0, concurrency: int = 4
     ) -> None:
-        self.worker = JudgeWorker(store, judge, timeout_s=timeout_s, concurrency=concurrency)
+        self.worker = JudgeWorker(
+            store, judge, timeout_s=timeout_s, concurrency=concurrency, observations=True
+        )
         self._loop = asyncio.new_event_loop()
 
     def judge_rollouts(self, rollout_ids: Iterable[str]) -> int:

@@ -9,7 +9,10 @@ Input building (:func:`judge_input`): the context is the turn's system prompt, i
 message and the earlier messages; the output is the turn's parsed content and tool calls; the
 next state is the text of the messages the environment added after the turn (user replies and
 tool results, joined by blank lines) with the role the trajectory linker gave it, or explicit
-feedback (``POST /v1/feedback``), which the judge takes as given.
+feedback (``POST /v1/feedback``), which the judge takes as given. In harness mode no person
+takes part in a rollout, so a worker made with ``observations=True`` judges a next state the
+harness sent as a user message (the reference agent's and mini-swe-agent's ``Output: ...
+(exit code N)``) as a program's output (role ``environment``), not as a person's reply.
 
 A turn whose session has ended and that never got a next state is stored with score ``None``
 and reason ``no_next_state``.
@@ -76,8 +79,18 @@ def _text(content: Any) -> str:
     return str(content)
 
 
-def judge_input(turn: TurnRecord, ns: NextState) -> JudgeInput:
-    """Build the judge's typed input for ``turn`` and its next state."""
+def judged_role(ns: NextState, *, observations: bool = False) -> NextStateRole:
+    """The role the judge reads ``ns`` as: the linker's role, except that with ``observations``
+    (harness mode: every message after a turn comes from the harness, none from a person) a
+    ``user`` next state is the environment's output."""
+    if observations and ns.role == NextStateRole.USER:
+        return NextStateRole.ENVIRONMENT
+    return ns.role
+
+
+def judge_input(turn: TurnRecord, ns: NextState, *, observations: bool = False) -> JudgeInput:
+    """Build the judge's typed input for ``turn`` and its next state (``observations``: see
+    :func:`judged_role`)."""
     messages = turn.request_messages or []
     system = next((_text(m.get("content")) for m in messages if m.get("role") == "system"), None)
     last_user_i = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
@@ -97,7 +110,7 @@ def judge_input(turn: TurnRecord, ns: NextState) -> JudgeInput:
         state = JudgeNextState(role=JudgeRole.FEEDBACK, text=fb.comment or "", reward=fb.reward)
     else:
         text = "\n\n".join(t for t in (_text(m.get("content")) for m in ns.messages) if t)
-        state = JudgeNextState(role=_ROLE[ns.role], text=text)
+        state = JudgeNextState(role=_ROLE[judged_role(ns, observations=observations)], text=text)
     return JudgeInput(
         context=JudgeContext(system=system, user=user, history=history),
         output=TurnOutput(content=out.get("content"), tool_calls=calls),
@@ -131,6 +144,9 @@ class JudgeWorker:
             judgment (reason ``timeout``) and serving is unaffected.
         concurrency: judgments in flight at once.
         poll_interval_s: seconds between polls when idle.
+        observations: every next state that is not feedback is a program's output, even one
+            sent as a user message (harness mode; :func:`judged_role`). The stored judgment's
+            ``next_state_role`` is the role the judge read.
 
     Runs as an asyncio task beside the gateway (``clawrl serve --method ...``) or as its own
     process (``clawrl judge worker``; several may run on one store). A worker claims a turn in
@@ -148,8 +164,10 @@ class JudgeWorker:
         timeout_s: float = 120.0,
         concurrency: int = 4,
         poll_interval_s: float = 0.5,
+        observations: bool = False,
     ) -> None:
         self.store = store
+        self.observations = observations
         self.judge = judge
         self.timeout_s = timeout_s
         self.poll_interval_s = poll_interval_s
@@ -208,11 +226,12 @@ class JudgeWorker:
 
     async def _judge_claimed(self, turn: TurnRecord, ns: NextState) -> None:
         """Judge a turn this worker claimed and store the verdict."""
-        inp = judge_input(turn, ns)
+        inp = judge_input(turn, ns, observations=self.observations)
+        role = str(judged_role(ns, observations=self.observations))
         t0 = time.perf_counter()
         try:
             judgment = await asyncio.wait_for(self.judge(inp), self.timeout_s)
-            rec = judgment_record(turn, judgment, str(ns.role))
+            rec = judgment_record(turn, judgment, role)
         except (TimeoutError, JudgeError) as e:
             self.failed += 1
             reason = NoJudgmentReason.JUDGE_ERROR
@@ -227,7 +246,7 @@ class JudgeWorker:
                 WORKER_BACKEND,
                 reason=str(reason),
                 latency_s=time.perf_counter() - t0,
-                next_state_role=str(ns.role),
+                next_state_role=role,
             )
         if not await asyncio.to_thread(self._keep, rec):
             return

@@ -8,7 +8,9 @@ template ``t = templates[role][i mod k]`` the prompt is the chat-rendered system
 the generation prompt, and ``t.answer_prefix``; it ends right before the verdict word.
 
 **Empty next state.** A next state whose text is empty or whitespace carries no evidence: every
-vote is 0 (``raw`` says ``"rule": "empty next state"``) and the model is not called.
+vote is 0 (``raw`` says ``"rule": "empty next state"``) and the model is not called. Nor is it
+for a program's output that reports a non-zero exit status: every vote is -1
+(:func:`clawrl.judge.rules.program_rule`, ``"rule": "exit_status"``).
 
 **Scores.** For each score ``s`` the engine returns the teacher-forced log-probs of the verdict
 continuation ``t.verdicts[s]`` (e.g. ``" happy"``); the verdict's score is their **sum** (the
@@ -47,6 +49,7 @@ from clawrl.chat import ChatMessage, render_prompt
 from clawrl.errors import ClawrlError
 from clawrl.judge.backends.base import failed_vote
 from clawrl.judge.prompts import CHOICE_TEMPLATES, ChoiceTemplate
+from clawrl.judge.rules import RuleVerdict, program_rule
 from clawrl.judge.types import (
     AbstainReason,
     BackendKind,
@@ -181,11 +184,16 @@ class ChoiceBackend:
         role = inp.next_state.role
         k = len(self.templates[role])  # vote i uses template i mod k; its seed records i mod k
         if not inp.next_state.text.strip():
-            raw = json.dumps({"rule": "empty next state"})
+            rule: RuleVerdict | None = RuleVerdict(Score.NEUTRAL, "empty next state", "")
+        else:
+            rule = program_rule(inp.next_state)
+        if rule is not None:
+            raw = json.dumps({"rule": rule.rule})
             return [
                 Vote(
                     index=i,
-                    score=Score.NEUTRAL,
+                    score=rule.score,
+                    detail=rule.detail or None,
                     raw=raw,
                     hint_status=HintStatus.ABSENT,
                     seed=i % k,

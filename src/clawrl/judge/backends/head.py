@@ -3,9 +3,9 @@
 One forward pass of the frozen judge model per judgment (in a worker thread; the model is the
 backend's own copy), then each vote ``i`` is probe ``i`` of the :class:`~clawrl.judge.head.
 HeadSet` — its own feature set and bootstrap resample, so the votes are independent
-classifiers. A vote below the head set's ``min_confidence`` abstains (``low_margin``). An
-empty program output is judged 0 without a model call (nothing was shown either way), as the
-choice judge does. Hints: vote ``i``'s hint gate decides whether the next state says how the
+classifiers. A vote below the head set's ``min_confidence`` abstains (``low_margin``). A
+program's empty output (0) and its non-zero exit status (-1) are judged without a model call
+(:func:`clawrl.judge.rules.program_rule`), as the choice judge does. Hints: vote ``i``'s hint gate decides whether the next state says how the
 turn should have been done; if so, the vote carries the directive sentences
 :func:`clawrl.judge.hints.extract_directive` copies from it, and the judge keeps a hint that a
 quorum of votes carries (:func:`clawrl.judge.hints.select_hint`).
@@ -24,12 +24,12 @@ from clawrl.errors import JudgeError
 from clawrl.judge.backends.base import failed_vote
 from clawrl.judge.head import CLASSES, FeatureExtractor, HeadSet, default_head_path, next_state_view
 from clawrl.judge.hints import extract_directive
+from clawrl.judge.rules import program_rule
 from clawrl.judge.types import (
     AbstainReason,
     BackendKind,
     HintStatus,
     JudgeInput,
-    NextStateRole,
     Score,
     Vote,
 )
@@ -84,9 +84,9 @@ class HeadBackend:
             raise JudgeError(
                 f"this judge head has {len(self.head.probes)} probes: at most that many votes"
             )
-        program = inp.next_state.role in (NextStateRole.TOOL, NextStateRole.ENVIRONMENT)
-        if program and not inp.next_state.text.strip():
-            return [self._vote(i, Score.NEUTRAL, "empty output: no evidence", {}) for i in indices]
+        rule = program_rule(inp.next_state)
+        if rule is not None:
+            return [self._vote(i, rule.score, rule.detail, {"rule": rule.rule}) for i in indices]
         start = time.perf_counter()
         try:
             features = await asyncio.to_thread(self.extractor.features, [next_state_view(inp)])
