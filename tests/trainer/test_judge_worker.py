@@ -143,3 +143,19 @@ def test_observations_judges_a_harness_user_message_as_program_output(tmp_path, 
             assert asyncio.run(worker.poll_once()) == 1
             assert store.get_judgment(t1).next_state_role == role
             assert seen[-1] == role
+
+
+def test_observations_leave_a_harness_correction_a_user_message(tmp_path, tokenizer):
+    """mini-swe-agent's "Reply with one shell command" after a reply without one reports no
+    exit status: it stays a user message (a correction) even in harness mode."""
+    seen = []
+
+    async def judge(inp):
+        seen.append(inp.next_state.role)
+        return Judgment(score=Score.BAD, backend=BackendKind.HEAD, model="stub")
+
+    with Store(tmp_path / "s.db") as store:
+        reply = "Reply with one shell command in a ```bash block."
+        _, t1, _ = _session(store, tokenizer, reply=reply)
+        assert asyncio.run(JudgeWorker(store, judge, observations=True).poll_once()) == 1
+        assert store.get_judgment(t1).next_state_role == "user" and seen == ["user"]

@@ -6,13 +6,15 @@ them wrong often enough to matter:
 
 * **Empty output** is judged 0: nothing was shown either way.
 * **A non-zero exit status** that the output reports is judged -1: the command failed. Agent
-  harnesses append the status to a command's output — the reference agent and clawrl's
+  harnesses add the status to a command's output — the reference agent and clawrl's
   mini-swe-agent templates end it with ``(exit code N)``, mini-swe-agent's own templates wrap it
-  in ``<returncode>N</returncode>``, others write ``[exit code N]``, ``exit status: N`` or
-  ``exited with status N`` — and the last status the text reports is the command's. Measured on
-  191 real reference-agent turns of the embedded model (``README.md``, "PRM + outcome"), the
-  head gave +1 to 51 of 101 outputs such as ``sh: 1: sudo: not found`` ... ``(exit code 127)``
-  when it read them as program output. An exit status of 0 proves nothing about the task (a
+  in ``<returncode>N</returncode>``, other tools open it with a header line such as ``Exit code:
+  N`` (:func:`exit_status`). A command whose non-zero status is an answer rather than a failure
+  (``grep`` that found nothing, ``diff`` that found a difference, ``test -f``) is judged -1
+  too when it printed something; status 1 with nothing else printed is left to the model. On 191 real reference-agent turns of the embedded
+  model (``README.md``, "PRM + outcome vs outcome only"), the head gave +1 to 51 of 101
+  outputs such as ``sh: 1: sudo: not found`` ... ``(exit code 127)`` when it read them as
+  program output. An exit status of 0 proves nothing about the task (a
   command that wrote the wrong file exits 0), so it is left to the model.
 
 A person's reply (roles ``user``, ``feedback``) never goes through these rules: a user who
@@ -29,23 +31,85 @@ from clawrl.judge.types import NextState, NextStateRole, Score
 PROGRAM_ROLES = (NextStateRole.TOOL, NextStateRole.ENVIRONMENT)
 """Next-state roles whose text a program produced."""
 
-_EXIT_STATUS = re.compile(
-    r"<returncode>\s*(-?\d+)\s*</returncode>"
-    r"|\bexit(?:ed)?[ _](?:code|status)\b[\"']?\s*[:=]?\s*(-?\d+)"
-    r"|\bexited with (?:status|code)\s+(-?\d+)",
-    re.IGNORECASE,
+_FLAGS = re.IGNORECASE | re.ASCII  # ASCII: \d is [0-9], not any script's digits
+
+_RETURNCODE_TAG = re.compile(r"<returncode>[ \t]*(-?\d{1,6})[ \t]*</returncode>", _FLAGS)
+"""mini-swe-agent's own observation templates: the status in a tag, anywhere in the text."""
+
+_STATUS_LINE = (
+    # (exit code 2)  [exit code 139]  [exit code 0, no output]  exit status: 1  Exit code 1
+    re.compile(
+        r"[(\[]?[ \t]*(?:exit[ _](?:code|status)|return[ _]?code)[ \t]*(?:[:=][ \t]*)?"
+        r"(-?\d{1,6})(?:,[^)\]]{0,40})?[ \t]*[)\]]?\.?",
+        _FLAGS,
+    ),
+    # [process exited with status 3]  Process exited with code 0  Command finished with exit code 0.
+    re.compile(
+        r"[(\[]?[\w ]{0,40}?\b(?:exited with (?:status|code)|with exit (?:code|status))"
+        r"[ \t]+(-?\d{1,6})[ \t]*[)\]]?\.?",
+        _FLAGS,
+    ),
+    # a one-line JSON result: {"exit_code": 1, ...}  {"exitCode": 1}  {"returncode": 2}
+    re.compile(
+        r"\{.{0,2000}?\"(?:exit_?code|exitCode|exit_status|returncode)\"[ \t]*:[ \t]*(-?\d{1,6})"
+        r"\b.{0,2000}\}",
+        _FLAGS,
+    ),
 )
+"""A line that *is* an exit status report (matched as the whole line)."""
+
+_FRAME_LINE = re.compile(r"(?:output|observation|result)[ \t]*:?|</?output>|</?returncode>", _FLAGS)
+"""Lines a harness frames an output with; they are not the program's output."""
+
+_OUTPUT_TAG = re.compile(r"</?output>", _FLAGS)
+
+
+@dataclass(frozen=True)
+class ExitReport:
+    """An exit status a program's output reports.
+
+    Attributes:
+        status: the status (0: success).
+        printed: whether the program printed anything besides the report and its frame
+            (``Output:``, ``<output>`` tags).
+    """
+
+    status: int
+    printed: bool
+
+
+def read_exit_status(text: str) -> ExitReport | None:
+    """The exit status ``text`` reports, or ``None`` when it reports none.
+
+    Read from mini-swe-agent's ``<returncode>N</returncode>`` tag anywhere, else from the last
+    non-empty line (a trailer: ``(exit code 2)``, ``[exit code 139]``, ``exit status: 1``,
+    ``[process exited with status 3]``, ``Command finished with exit code 0.``), else from the
+    first (a header: ``Exit code: 1``); a one-line JSON result (``{"exit_code": 1, ...}``) is
+    both. Only a line that is nothing but the report counts, so an output that mentions an exit
+    status (a test log, a usage text, prose) does not. Linear in the text's length.
+    """
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    tag = _RETURNCODE_TAG.search(text)
+    if tag is not None:
+        rest = _OUTPUT_TAG.sub("", _RETURNCODE_TAG.sub("", text)).splitlines()
+        printed = any(ln.strip() and not _FRAME_LINE.fullmatch(ln.strip()) for ln in rest)
+        return ExitReport(int(tag.group(1)), printed)
+    for at in (len(lines) - 1, 0) if lines else ():
+        for pattern in _STATUS_LINE:
+            m = pattern.fullmatch(lines[at])
+            if m is not None:
+                others = lines[:at] + lines[at + 1 :]
+                printed = pattern is _STATUS_LINE[2] or any(
+                    not _FRAME_LINE.fullmatch(ln) for ln in others
+                )
+                return ExitReport(int(m.group(1)), printed)
+    return None
 
 
 def exit_status(text: str) -> int | None:
-    """The last exit status ``text`` reports (``(exit code 2)``, ``[exit code 139]``,
-    ``exit status: 1``, ``"exit_code": 1``, ``<returncode>0</returncode>``, ``exited with status
-    3``), or
-    ``None`` when it reports none."""
-    found = None
-    for m in _EXIT_STATUS.finditer(text):
-        found = next(g for g in m.groups() if g is not None)
-    return int(found) if found is not None else None
+    """The exit status ``text`` reports (:func:`read_exit_status`), or ``None``."""
+    report = read_exit_status(text)
+    return report.status if report is not None else None
 
 
 @dataclass(frozen=True)
@@ -64,13 +128,15 @@ class RuleVerdict:
 
 
 def program_rule(next_state: NextState) -> RuleVerdict | None:
-    """The verdict the rules above give ``next_state``, or ``None`` when the model must read it
-    (a person's reply, or a program's output with text and no non-zero exit status)."""
+    """The verdict the rules above give ``next_state``, or ``None`` when the model must read it:
+    a person's reply; a program's output with text and no non-zero exit status; or status 1
+    with nothing else printed (``grep`` that matched nothing, a ``test`` that was false: an
+    answer as often as a failure)."""
     if next_state.role not in PROGRAM_ROLES:
         return None
     if not next_state.text.strip():
         return RuleVerdict(Score.NEUTRAL, "empty_output", "empty output: no evidence")
-    status = exit_status(next_state.text)
-    if status is not None and status != 0:
-        return RuleVerdict(Score.BAD, "exit_status", f"the command failed: exit status {status}")
-    return None
+    report = read_exit_status(next_state.text)
+    if report is None or report.status == 0 or (report.status == 1 and not report.printed):
+        return None
+    return RuleVerdict(Score.BAD, "exit_status", f"the command failed: exit status {report.status}")

@@ -10,9 +10,9 @@ message and the earlier messages; the output is the turn's parsed content and to
 next state is the text of the messages the environment added after the turn (user replies and
 tool results, joined by blank lines) with the role the trajectory linker gave it, or explicit
 feedback (``POST /v1/feedback``), which the judge takes as given. In harness mode no person
-takes part in a rollout, so a worker made with ``observations=True`` judges a next state the
-harness sent as a user message (the reference agent's and mini-swe-agent's ``Output: ...
-(exit code N)``) as a program's output (role ``environment``), not as a person's reply.
+takes part in a rollout, so a worker made with ``observations=True`` judges a command's output
+that the harness sent as a user message (the reference agent's and mini-swe-agent's ``Output:
+... (exit code N)``) as a program's output (role ``environment``), not as a person's reply.
 
 A turn whose session has ended and that never got a next state is stored with score ``None``
 and reason ``no_next_state``.
@@ -28,6 +28,7 @@ from typing import Any
 
 from clawrl.chat import ChatMessage, ToolCall
 from clawrl.errors import JudgeError
+from clawrl.judge.rules import exit_status
 from clawrl.judge.types import (
     JudgeContext,
     JudgeInput,
@@ -82,10 +83,17 @@ def _text(content: Any) -> str:
 def judged_role(ns: NextState, *, observations: bool = False) -> NextStateRole:
     """The role the judge reads ``ns`` as: the linker's role, except that with ``observations``
     (harness mode: every message after a turn comes from the harness, none from a person) a
-    ``user`` next state is the environment's output."""
-    if observations and ns.role == NextStateRole.USER:
+    ``user`` next state that reports an exit status (:func:`clawrl.judge.rules.exit_status`: a
+    command's output) is the environment's. The harness's other messages (mini-swe-agent's
+    "Reply with one shell command ..." after a reply without one) stay ``user``: a correction."""
+    if observations and ns.role == NextStateRole.USER and exit_status(_ns_text(ns)) is not None:
         return NextStateRole.ENVIRONMENT
     return ns.role
+
+
+def _ns_text(ns: NextState) -> str:
+    """The text of ``ns``'s messages, joined by blank lines (what the judge reads)."""
+    return "\n\n".join(t for t in (_text(m.get("content")) for m in ns.messages) if t)
 
 
 def judge_input(turn: TurnRecord, ns: NextState, *, observations: bool = False) -> JudgeInput:
@@ -109,8 +117,8 @@ def judge_input(turn: TurnRecord, ns: NextState, *, observations: bool = False) 
         fb = ns.feedback[-1]
         state = JudgeNextState(role=JudgeRole.FEEDBACK, text=fb.comment or "", reward=fb.reward)
     else:
-        text = "\n\n".join(t for t in (_text(m.get("content")) for m in ns.messages) if t)
-        state = JudgeNextState(role=_ROLE[judged_role(ns, observations=observations)], text=text)
+        role = judged_role(ns, observations=observations)
+        state = JudgeNextState(role=_ROLE[role], text=_ns_text(ns))
     return JudgeInput(
         context=JudgeContext(system=system, user=user, history=history),
         output=TurnOutput(content=out.get("content"), tool_calls=calls),
@@ -144,9 +152,9 @@ class JudgeWorker:
             judgment (reason ``timeout``) and serving is unaffected.
         concurrency: judgments in flight at once.
         poll_interval_s: seconds between polls when idle.
-        observations: every next state that is not feedback is a program's output, even one
-            sent as a user message (harness mode; :func:`judged_role`). The stored judgment's
-            ``next_state_role`` is the role the judge read.
+        observations: a user message that reports an exit status is a command's output (harness
+            mode; :func:`judged_role`). The stored judgment's ``next_state_role`` is the role
+            the judge read.
 
     Runs as an asyncio task beside the gateway (``clawrl serve --method ...``) or as its own
     process (``clawrl judge worker``; several may run on one store). A worker claims a turn in

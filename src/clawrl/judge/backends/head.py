@@ -5,10 +5,11 @@ backend's own copy), then each vote ``i`` is probe ``i`` of the :class:`~clawrl.
 HeadSet` — its own feature set and bootstrap resample, so the votes are independent
 classifiers. A vote below the head set's ``min_confidence`` abstains (``low_margin``). A
 program's empty output (0) and its non-zero exit status (-1) are judged without a model call
-(:func:`clawrl.judge.rules.program_rule`), as the choice judge does. Hints: vote ``i``'s hint gate decides whether the next state says how the
-turn should have been done; if so, the vote carries the directive sentences
-:func:`clawrl.judge.hints.extract_directive` copies from it, and the judge keeps a hint that a
-quorum of votes carries (:func:`clawrl.judge.hints.select_hint`).
+(:func:`clawrl.judge.rules.program_rule`), as the choice judge does. Hints: vote ``i``'s hint
+gate decides whether the next state says how the turn should have been done; if so, the vote
+carries the directive sentences :func:`clawrl.judge.hints.extract_directive` copies from it,
+and the judge keeps a hint that a quorum of votes carries
+(:func:`clawrl.judge.hints.select_hint`).
 """
 
 from __future__ import annotations
