@@ -16,24 +16,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import re
 from collections import Counter
 
 from clawrl.config import load_config
-from clawrl.judge.rules import exit_status
+from clawrl.judge.rules import read_exit_status
 from clawrl.runtime import build_judge
 from clawrl.store import Store, TurnKind, TurnStatus
 from clawrl.trainer.judge_worker import judge_input
 from clawrl.trajectory import load_tree, next_state
 
-_STATUS_LINE = re.compile(r"\(exit code -?\d+\)\s*$")
-
 
 def _kind(text: str) -> str:
-    status = exit_status(text)
-    body = _STATUS_LINE.sub("", re.sub(r"^\s*Output:\s*", "", text)).strip()
-    code = "none" if status is None else "0" if status == 0 else "!=0"
-    return f"exit {code:4s} {'empty' if not body else 'text'}"
+    report = read_exit_status(text)
+    if report is None:
+        return f"exit none {'empty' if not text.strip() else 'text'}"
+    code = "0" if report.status == 0 else "!=0"
+    return f"exit {code:4s} {'text' if report.printed else 'empty'}"
 
 
 async def _main(args: argparse.Namespace) -> None:
@@ -61,7 +59,11 @@ async def _main(args: argparse.Namespace) -> None:
         if i % 25 == 0 or i == len(items):
             print(f"judged {i}/{len(items)}", flush=True)
     for observations in (False, True):
-        title = "as the environment's output (harness mode)" if observations else "as linked"
+        title = (
+            "as the environment's output (harness mode now)"
+            if observations
+            else "with the role the linker gave it (a harness's output as a person's reply)"
+        )
         print(f"\n== next state read {title}")
         rows = sorted({(o, k) for (obs, o, k, _) in table if obs == observations})
         for outcome, kind in rows:

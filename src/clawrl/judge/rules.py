@@ -4,18 +4,28 @@ The trained head and the choice judge read a next state's text with a small mode
 about a *program's* output (roles ``tool`` and ``environment``) need no model and the model gets
 them wrong often enough to matter:
 
-* **Empty output** is judged 0: nothing was shown either way.
+* **Empty output** (no text at all) is judged 0: nothing was shown either way. A harness's
+  frame around a silent command (``Output:\n(exit code 0)``) is text: it goes to the model,
+  and the head judges it +1, as the labeled sets label a silent success.
 * **A non-zero exit status** that the output reports is judged -1: the command failed. Agent
   harnesses add the status to a command's output — the reference agent and clawrl's
   mini-swe-agent templates end it with ``(exit code N)``, mini-swe-agent's own templates wrap it
   in ``<returncode>N</returncode>``, other tools open it with a header line such as ``Exit code:
-  N`` (:func:`exit_status`). A command whose non-zero status is an answer rather than a failure
-  (``grep`` that found nothing, ``diff`` that found a difference, ``test -f``) is judged -1
-  too when it printed something; status 1 with nothing else printed is left to the model. On 191 real reference-agent turns of the embedded
-  model (``README.md``, "PRM + outcome vs outcome only"), the head gave +1 to 51 of 101
-  outputs such as ``sh: 1: sudo: not found`` ... ``(exit code 127)`` when it read them as
-  program output. An exit status of 0 proves nothing about the task (a
-  command that wrote the wrong file exits 0), so it is left to the model.
+  N`` (:func:`read_exit_status`). A command whose non-zero status is an answer rather than a
+  failure (``grep`` that found nothing, ``diff`` that found a difference, ``test -f``) is
+  judged -1 too when it printed something; status 1 with nothing else printed is left to the
+  model. On the 191 judged turns of the embedded model's reference-agent rollouts on the
+  training tasks (``README.md``, "PRM + outcome vs outcome only"), the head gave +1 to 47 of
+  the 101 failing commands' outputs (``sh: 1: sudo: not found`` ... ``(exit code 127)``) read
+  as a person's reply, and to 51 read as program output. An exit status of 0 proves nothing
+  about the task (a command that wrote the wrong file exits 0), so it is left to the model.
+
+Limits of the reading (:func:`read_exit_status`): a program's own first or last line that
+looks like a report (``cat`` of a log ending ``exit status 1``) is read as the command's
+status, and a ``<returncode>`` tag anywhere wins; a JSON result is read only on one line, with
+the status key within its first 2,000 characters, and always counts as printed; statuses in
+other words (``[The command completed with exit code 1.]``, ``Error: Exit code 1``, the
+reference agent's ``(command timed out after 20s)``) are not read and go to the model.
 
 A person's reply (roles ``user``, ``feedback``) never goes through these rules: a user who
 quotes ``exit code 1`` is reporting, not running, a command.
