@@ -155,6 +155,26 @@ def test_a_head_of_another_model_is_refused(tiny_head):
         HeadBackend(other.model, other.tokenizer, head=path)
 
 
+def test_a_head_of_the_same_model_with_an_adapter_merged_in_is_refused(tiny_head):
+    # A LoRA adapter merged into the base (clawrl export-model) changes the attention and MLP
+    # weights and leaves the input embeddings as they were: the identity must still differ.
+    import torch
+
+    _, _, _, path = tiny_head
+    merged = tiny_policy(seed=5, max_context=256)
+    assert model_identity(merged.model, merged.tokenizer) == HeadSet.load(path).identity
+    emb_before = merged.model.get_input_embeddings().weight.detach().clone()
+    name, weight = next(
+        (n, w) for n, w in merged.model.named_parameters() if "proj" in n and w.dim() == 2
+    )
+    with torch.no_grad():
+        weight.add_(1e-3 * torch.ones_like(weight))
+    assert torch.equal(merged.model.get_input_embeddings().weight, emb_before), name
+    assert model_identity(merged.model, merged.tokenizer) != HeadSet.load(path).identity
+    with pytest.raises(JudgeError, match="clawrl judge train"):
+        HeadBackend(merged.model, merged.tokenizer, head=path)
+
+
 def test_synthetic_splits_share_no_person_reply():
     train = {c.input.next_state.text for c in synthetic_cases(2000, split="train")}
     val = synthetic_cases(800, split="val")

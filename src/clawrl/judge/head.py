@@ -69,21 +69,24 @@ def next_state_view(inp: JudgeInput) -> str:
 
 
 def model_identity(model: Any, tokenizer: Any) -> str:
-    """``sha256:<16 hex>`` of the tokenizer fingerprint, the model's shape and a checksum of its
-    input embeddings: equal for the same base weights, different for another model."""
+    """``sha256:<16 hex>`` of the tokenizer fingerprint, the model's shape and a checksum of every
+    weight (sum and sum of squares of each parameter, in float64): equal for the same weights,
+    different for another model, and for the same base model with a LoRA adapter merged in (which
+    leaves the input embeddings as they were, so a checksum of those alone would not tell)."""
+    import torch
+
     from clawrl.models import tokenizer_fingerprint
 
-    emb = model.get_input_embeddings().weight.detach().double()
     cfg = model.config
+    checksums = []
+    with torch.no_grad():
+        for name, param in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+            w = param.detach().double()
+            checksums.append(f"{name}:{float(w.sum()):.6e}:{float(w.square().sum()):.6e}")
     payload = json.dumps(
-        [
-            tokenizer_fingerprint(tokenizer),
-            int(cfg.hidden_size),
-            int(cfg.num_hidden_layers),
-            f"{float(emb.sum()):.6e}",
-            f"{float(emb.square().sum()):.6e}",
-        ]
-    )
+        [tokenizer_fingerprint(tokenizer), int(cfg.hidden_size), int(cfg.num_hidden_layers),
+         checksums]
+    )  # fmt: skip
     return "sha256:" + hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
