@@ -73,8 +73,6 @@ def model_identity(model: Any, tokenizer: Any) -> str:
     weight (sum and sum of squares of each parameter, in float64): equal for the same weights,
     different for another model, and for the same base model with a LoRA adapter merged in (which
     leaves the input embeddings as they were, so a checksum of those alone would not tell)."""
-    import torch
-
     from clawrl.models import tokenizer_fingerprint
 
     cfg = model.config

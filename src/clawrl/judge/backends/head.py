@@ -73,11 +73,12 @@ class HeadBackend:
             raise JudgeError(
                 f"the judge head was trained for judge model {self.head.identity} (layers "
                 f"{self.head.layers}), but the judge model is {self.extractor.identity} (layers "
-                f"{self.extractor.layers}). The judge model is judge.model, else the policy's "
-                "weights: for a policy fine-tuned from the model the head was trained for (a "
-                "merged export), set judge.model to that base (the shipped head: --set "
-                "judge.model=smollm2-135m); for another model, train a head for it: clawrl judge "
-                "train --model SPEC --out FILE, then --set judge.backend.path=FILE"
+                f"{self.extractor.layers}). For a policy fine-tuned from the model the head was "
+                "trained for (a merged export), judge with that base model (the shipped head's: "
+                "--set judge.model=smollm2-135m for serve, harness train and judge worker; "
+                "--model smollm2-135m for judge eval); for another model, train a head for it: "
+                "clawrl judge train --model SPEC --out FILE, then --set judge.backend.path=FILE "
+                "(judge eval: --head FILE)"
             )
         self.model = model_name
         self.min_confidence = self.head.min_confidence if min_confidence is None else min_confidence
