@@ -1,17 +1,22 @@
 """The :class:`clawrl.engine.Engine` contract: what every backend must do, checked on each.
 
 Each backend is a parametrisation of the ``case`` fixture: the in-process transformers engine
-on the tiny model and the scripted test engine here; a remote backend (vLLM) adds its own case
-and runs the same tests. A backend passes only if the gateway, the judge and the trainer can rely
+on tiny models of several architectures (Llama; sliding windows: Mistral, Phi-3; hybrids of full
+and sliding layers: Qwen2, Gemma 2, Gemma 3) and the scripted test engine here; a remote backend
+(vLLM) adds its own case and runs the same tests. A backend passes only if the gateway, the judge and the trainer can rely
 on it: ids and log-probs that agree, streams equal to one-shot generation for a seed, scoring
 equal to the sampling log-probs at the sampling temperature, version swaps between requests,
-cancellation that frees the request, a context-length error, and a clean close.
+cancellation that frees the request, a context-length error, a clean close, and concurrent
+requests (joining one that decodes) that get what each would get alone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import copy
+import dataclasses
+import functools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -36,18 +41,27 @@ class Case:
         tokenizer: the tokenizer its ids belong to.
         weights: ``version -> weights`` the engine accepts in ``load_policy``.
         deterministic_text: a completion text the engine will sample for any prompt, if known.
+        batch_invariant: a request's ids and log-probs do not depend on the requests decoded
+            with it (a remote server's batched kernels may differ by float error).
     """
 
     engine: Engine
     tokenizer: Any
     weights: Callable[[int], Any]
     deterministic_text: str | None = None
+    batch_invariant: bool = True
 
 
-def _transformers() -> Iterator[Case]:
+@functools.cache
+def _tiny(arch: str) -> Any:
+    return tiny_policy(seed=11, max_context=96, arch=arch)
+
+
+def _transformers(arch: str = "llama") -> Iterator[Case]:
     import torch
 
-    policy = tiny_policy(seed=11, max_context=96)
+    # a fresh copy of the weights per test: version swaps overwrite them
+    policy = dataclasses.replace(_tiny(arch), model=copy.deepcopy(_tiny(arch).model))
     engine = TransformersEngine.from_policy(policy)
 
     def weights(version: int) -> dict[str, torch.Tensor]:
@@ -85,12 +99,16 @@ def _vllm(request: pytest.FixtureRequest) -> Iterator[Case]:
         trained_adapter(policy.model, root / f"v{version}", version, scale=0.01)
         return str(root / f"v{version}")
 
-    yield Case(engine, policy.tokenizer, weights)
+    yield Case(engine, policy.tokenizer, weights, batch_invariant=False)
     engine.close()
 
 
 BACKENDS: dict[str, Callable[[pytest.FixtureRequest], Iterator[Case]]] = {
     "transformers": lambda request: _transformers(),
+    **{
+        f"transformers-{arch}": lambda request, arch=arch: _transformers(arch)
+        for arch in ("mistral", "qwen2", "gemma2", "gemma3", "phi3")
+    },
     "scripted": lambda request: _scripted(),
     "vllm": _vllm,
 }
@@ -176,6 +194,37 @@ def test_next_token_scoring_equals_one_token_scoring(case):
         for cand, value in zip(candidates, row, strict=True):
             (one,) = run(case.engine.score(prompt, [cand]))
             assert value == pytest.approx(one, abs=1e-4)
+
+
+def test_concurrent_requests_joining_mid_decode(case):
+    """Requests that arrive while another decodes are served together with it; on a
+    batch-invariant backend each gets exactly what it gets alone."""
+    engine = case.engine
+    prompts = [_prompt(case, t) for t in ("Count to ten.", "hi", "Tell me about the sea.")]
+    params = [
+        SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True),
+        SamplingParams(max_tokens=6, temperature=1.0, seed=5, ignore_eos=True),
+        SamplingParams(max_tokens=8, temperature=0.8, seed=9, ignore_eos=True),
+    ]
+
+    async def together():
+        first = engine.generate_stream(prompts[0], params[0])
+        head = [await first.__anext__() for _ in range(2)]  # decoding: the others join it
+        joined = asyncio.gather(
+            *(engine.generate(p, s) for p, s in zip(prompts[1:], params[1:], strict=True))
+        )
+        rest = [ev async for ev in first]
+        return head + rest, await joined
+
+    events, others = run(together())
+    alone = [run(engine.generate(p, s)) for p, s in zip(prompts, params, strict=True)]
+    got = [([e.token_id for e in events], [e.logprob for e in events])]
+    got += [(c.token_ids, c.logprobs) for c in others]
+    for (ids, lps), want, p in zip(got, alone, params, strict=True):
+        assert 1 <= len(ids) == len(lps) <= p.max_tokens
+        if case.batch_invariant:
+            assert ids == want.token_ids
+            assert lps == pytest.approx(want.logprobs, abs=1e-4)
 
 
 def test_version_swap_between_requests(case):

@@ -6,6 +6,23 @@ a request that arrives while others decode does not wait for them to finish. The
 shares one KV cache, left-padded so that every row ends at the same position: rows join by
 padding the shorter side and leave by index selection, and all-padding columns are trimmed.
 
+Batching modes (``engine.batching``):
+
+* ``"continuous"``: models whose layers all attend over keys and values (full attention, sliding
+  windows, or a mix: Llama, Mistral, Qwen2/3, Gemma 2/3, Phi-3). The engine's cache keeps every
+  layer as a plain, never-evicting ``DynamicLayer`` (sliding-window layers too), each
+  ``[B, heads, L, head_dim]``. The model's mask functions then build each sliding-window mask
+  from column distances; since every row is left-padded and ends at the same column, the
+  distance between two columns of a row is the distance between its tokens, so the windows are
+  exact. The price: a sliding layer holds the whole context (at most ``max_context``), not only
+  its window.
+* ``"serial"``: any other model (linear-attention / convolution / Mamba-style states, KV sharing,
+  chunked attention, a cache class of its own) -- the states cannot be padded and stacked, so
+  requests are decoded one at a time on the model's own cache (an effective ``max_batch`` of 1),
+  and a warning says so once. :func:`config_blocker` decides from the config when the engine is
+  built; :func:`cache_blocker` checks every prefilled cache, and the engine turns serial if one
+  cannot join the batch.
+
 Policy versions: :meth:`TransformersEngine.load_policy` queues new weights; the engine stops
 admitting new requests, lets the rows in flight finish on the version they started with, swaps
 the weights between two decode steps, then admits the queued requests on the new version. No
@@ -36,6 +53,12 @@ from clawrl.engine.types import Completion, EngineStats, FinishReason, SamplingP
 from clawrl.errors import EngineClosedError, EngineError
 
 log = logging.getLogger(__name__)
+
+CONTINUOUS = "continuous"
+"""``engine.batching``: requests join and leave one shared, left-padded KV cache."""
+SERIAL = "serial"
+"""``engine.batching``: one request decodes at a time (the model's cache cannot be merged)."""
+_PLAIN_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
 
 
 @dataclass
@@ -89,6 +112,11 @@ class TransformersEngine:
         tokenizer_id: the fingerprint of the tokenizer the ids belong to
             (:func:`clawrl.models.tokenizer_fingerprint`; ``from_policy`` sets it).
 
+    Attributes:
+        batching: ``"continuous"`` (:data:`CONTINUOUS`: up to ``max_batch`` rows decode together)
+            or ``"serial"`` (:data:`SERIAL`: the model's cache cannot be merged, one row at a
+            time); see the module doc.
+
     All public methods are thread-safe; the async ones may be called from any event loop.
     """
 
@@ -115,6 +143,9 @@ class TransformersEngine:
         # transformers >= 5.2x names the KV-cache argument ``cache`` (``past_key_values`` before)
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self.batching: str = CONTINUOUS
+        if (why := config_blocker(getattr(model, "config", None))) is not None:
+            self._go_serial(why)
         self._lora = MergedLora(self.model)  # LoRA versions are served as merged weights
         self._inbox: queue.Queue[_GenRequest | _ScoreRequest | _SwapRequest | None] = queue.Queue()
         self._waiting: list[_GenRequest] = []
@@ -359,8 +390,24 @@ class TransformersEngine:
         if len(keep) != len(self._rows):
             self._select(keep)
 
+    def _go_serial(self, why: str) -> None:
+        """Stop batching requests together (once; the reason is logged as a warning)."""
+        if self.batching == SERIAL:
+            return
+        self.batching = SERIAL
+        model_type = getattr(getattr(self.model, "config", None), "model_type", None)
+        log.warning(
+            "continuous batching is off for model type %s: %s; requests are decoded one at a "
+            "time (effective max_batch 1)",
+            model_type or type(self.model).__name__,
+            why,
+        )
+
+    def _batch_limit(self) -> int:
+        return 1 if self.batching == SERIAL else self.max_batch
+
     def _admit(self) -> None:
-        while self._waiting and len(self._rows) < self.max_batch:
+        while self._waiting and len(self._rows) < self._batch_limit():
             req = self._waiting.pop(0)
             try:
                 self._prefill(req)
@@ -369,13 +416,21 @@ class TransformersEngine:
                 req.emit(EngineError(f"prefill failed: {e}"))
 
     def _prefill(self, req: _GenRequest) -> None:
-        from transformers import DynamicCache
-
         ids = torch.tensor([req.prompt_ids], dtype=torch.long, device=self._device)
-        cache = DynamicCache(config=self.model.config)
+        # serial: the model builds its own cache
+        given = {self._cache_kw: _batch_cache()} if self.batching == CONTINUOUS else {}
         # logits of the last position only: a 10k-token prompt would otherwise materialise a
         # [10k, vocab] float tensor (~2 GB for SmolLM2's 49k vocabulary)
-        out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **{self._cache_kw: cache})
+        out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **given)
+        cache = _output_cache(out, given.get(self._cache_kw))
+        if self.batching == CONTINUOUS:
+            why = cache_blocker(cache, len(req.prompt_ids))
+            if why is not None:
+                self._go_serial(why)
+                # prefilled again on the serial path (after the rows running, if any): the
+                # cache given here may not hold the model's state (RWKV returns its own)
+                self._waiting.insert(0, req)
+                return
         self.stats.prompt_tokens += len(req.prompt_ids)
         self.stats.requests += 1
         gen = None
@@ -389,13 +444,17 @@ class TransformersEngine:
             req, self.policy_version, real_len=len(req.prompt_ids), generator=gen, stop_ids=stop_ids
         )
         token = self._sample([row], out.logits[:, -1, :])[0]
-        self._merge(row, cache, token)  # the DynamicCache was filled in place
+        self._merge(row, cache, token)
         self._after_sample([row], [token])
 
     def _merge(self, row: _Row, cache: Any, token: int) -> None:
-        """Add a prefilled row (batch 1 cache of length P) to the running batch."""
+        """Add a prefilled row (batch 1 cache of length P) to the running batch.
+
+        The first row takes ``cache`` as it is (whatever its kind: the only row of a serial
+        engine); later rows need plain layers (:func:`cache_blocker`): ``layer.keys`` and
+        ``layer.values`` ``[B, H, L, D]`` are left-padded to a common L and stacked along B.
+        """
         p = row.real_len
-        new_layers = [(layer.keys, layer.values) for layer in cache.layers]
         mask_new = torch.ones(1, p, dtype=torch.long, device=self._device)
         tok = torch.tensor([token], dtype=torch.long, device=self._device)
         if self._cache is None or not self._rows:
@@ -403,6 +462,7 @@ class TransformersEngine:
             self._rows = [row]
             return
         assert self._mask is not None and self._last is not None
+        new_layers = [(layer.keys, layer.values) for layer in cache.layers]
         length = self._mask.shape[1]
         pad_new, pad_old = max(0, length - p), max(0, p - length)
         for layer, (k, v) in zip(self._cache.layers, new_layers, strict=True):
@@ -433,6 +493,9 @@ class TransformersEngine:
 
     def _decode(self) -> None:
         assert self._mask is not None and self._last is not None
+        if self._cache is None:  # serial, and the model returned no cache this engine can pass
+            self._decode_without_cache()
+            return
         rows = self._rows
         positions = torch.tensor(
             [[r.real_len] for r in rows], dtype=torch.long, device=self._device
@@ -453,6 +516,19 @@ class TransformersEngine:
         tokens = self._sample(rows, out.logits[:, -1, :])
         self._last = torch.tensor(tokens, dtype=torch.long, device=self._device)
         self._after_sample(rows, tokens)
+
+    def _decode_without_cache(self) -> None:
+        """One step of the single serial row by a forward pass over its whole sequence (prompt
+        and tokens so far): exact for a model whose state this engine cannot hand back (e.g.
+        RWKV returns ``state``, not a cache), at O(length) per token."""
+        (row,) = self._rows
+        seq = torch.tensor([row.req.prompt_ids + row.generated], device=self._device)
+        out = self.model(input_ids=seq, use_cache=False, logits_to_keep=1)
+        row.real_len += 1
+        self.stats.decode_steps += 1
+        tokens = self._sample([row], out.logits[:, -1, :])
+        self._last = torch.tensor(tokens, dtype=torch.long, device=self._device)
+        self._after_sample([row], tokens)
 
     def _sample(self, rows: list[_Row], logits: torch.Tensor) -> list[int]:
         params = [r.req.params for r in rows]
@@ -540,6 +616,7 @@ class TransformersEngine:
             "attention_mask": mask.to(self._device),
             "position_ids": positions.to(self._device),
             "logits_to_keep": keep,
+            "use_cache": False,  # one pass: a KV cache would only cost memory
         }
         if parameters:  # e.g. the base weights in place of a merged LoRA version's
             logits = torch.func.functional_call(self.model, parameters, (), inputs).logits
@@ -628,6 +705,78 @@ class TransformersEngine:
             _settle(s.future, error=err)
         for w in self._swaps:
             _settle(w.future, error=err)
+
+
+def config_blocker(config: Any) -> str | None:
+    """Why requests of a model with this ``config`` cannot share one padded KV cache, or None.
+
+    They can when every decoder layer is a full or sliding-window attention layer whose cache
+    ``transformers`` builds as a plain ``DynamicLayer`` / ``DynamicSlidingWindowLayer`` (the
+    engine then keeps all of them as full ``DynamicLayer``: see the module doc). Anything else
+    (linear attention, convolution or SSM states, KV sharing, chunked attention, a layer type
+    this check does not know) blocks.
+    """
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+    if config is None:
+        return "the model has no config"
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    odd_types = sorted(set(getattr(text, "layer_types", None) or ()) - _PLAIN_LAYER_TYPES)
+    if odd_types:
+        return f"its layer types include {odd_types}"
+    if getattr(text, "attention_chunk_size", None):
+        return "it uses chunked attention"
+    try:
+        probe = DynamicCache(config=config)  # the layers transformers would give it; no tensors
+    except (AttributeError, KeyError, TypeError, ValueError) as e:
+        return f"transformers cannot build a DynamicCache for it ({type(e).__name__}: {e})"
+    plain = (DynamicLayer, DynamicSlidingWindowLayer)
+    odd_layers = sorted({type(x).__name__ for x in probe.layers if type(x) not in plain})
+    if odd_layers:
+        return f"its cache has {odd_layers} layers"
+    return None
+
+
+def _batch_cache() -> Any:
+    """An empty cache for a prefill that will join the batch: every layer a plain, never-evicting
+    ``DynamicLayer`` (created as the model reaches it), sliding-window layers included, so that
+    :meth:`TransformersEngine._merge` can pad and stack it (see the module doc)."""
+    from transformers import DynamicCache
+
+    return DynamicCache()  # no config: no DynamicSlidingWindowLayer
+
+
+def cache_blocker(cache: Any, length: int) -> str | None:
+    """Why a prefilled batch-1 ``cache`` of ``length`` tokens cannot join a running batch, or
+    None if it can: a ``DynamicCache`` whose every layer is a plain ``DynamicLayer`` holding
+    ``keys`` and ``values`` of shape ``[1, heads, length, head_dim]``."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    if type(cache) is not DynamicCache:
+        return f"its cache is a {type(cache).__name__}, not a DynamicCache"
+    if not cache.layers:
+        return "its cache holds no layers"
+    for i, layer in enumerate(cache.layers):
+        if type(layer) is not DynamicLayer:
+            return f"cache layer {i} is a {type(layer).__name__}"
+        for name in ("keys", "values"):
+            t = getattr(layer, name, None)
+            shape = tuple(t.shape) if isinstance(t, torch.Tensor) else None
+            if shape is None or len(shape) != 4 or shape[0] != 1 or shape[2] != length:
+                return f"cache layer {i} holds {name} of shape {shape}, not [1, H, {length}, D]"
+    return None
+
+
+def _output_cache(out: Any, given: Any) -> Any:
+    """The cache a forward pass returned (``cache`` in transformers >= 5.2x, else
+    ``past_key_values``), or ``given`` if it returned none."""
+    for name in ("cache", "past_key_values"):
+        found = getattr(out, name, None)
+        if found is not None:
+            return found
+    return given
 
 
 def _settle(
