@@ -1,4 +1,5 @@
-"""Tools through the fallback tool format, tool_choice, and history tool-call normalisation.
+"""Tools through the fallback tool format and the model's native formats, tool_choice, and
+history tool-call normalisation.
 
 A scripted engine answers with fixed texts (tokenized with the real tokenizer) so that the
 OpenAI SDK, the gateway's rendering, parsing and recording are what is under test.
@@ -6,10 +7,18 @@ OpenAI SDK, the gateway's rendering, parsing and recording are what is under tes
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import importlib.util
 import json
+from pathlib import Path
 
 import httpx
 import pytest
+
+from clawrl.gateway.testing import ScriptedEngine
+
+from .conftest import Served, serve
 
 TOOLS = [
     {
@@ -188,3 +197,84 @@ def test_assistant_tool_calls_empty_null_or_missing_same_ids(scripted_server, fo
     b = _post(served, [*ASK, variant, follow])
     assert a.status_code == b.status_code == 200
     assert served.engine.prompts[0] == served.engine.prompts[1]
+
+
+# --- native tool formats: the policy's own chat template (real templates, see tests/chat) ------
+
+TEMPLATES = {
+    "llama3_1": Path(next(iter(importlib.util.find_spec("trl").submodule_search_locations or [])))
+    / "chat_templates"
+    / "llama3_1.jinja",
+    "mistral_nemo": Path(__file__).parents[1] / "chat" / "templates"
+    / "mistral_nemo_instruct_2407.jinja",
+}  # fmt: skip
+LLAMA_CALL = '{"name": "get_weather", "parameters": {"city": "Paris"}}'
+MISTRAL_CALL = '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]'
+
+
+@pytest.fixture
+def native_server(tokenizer, tmp_path):
+    """Factory: ``native_server(template_name, replies)``, a scripted policy whose tokenizer has
+    that model's real chat template."""
+    stack = contextlib.ExitStack()
+
+    def make(name, replies) -> Served:
+        if not TEMPLATES[name].exists():
+            pytest.skip(f"{TEMPLATES[name]} is not installed")
+        tok = copy.deepcopy(tokenizer)
+        tok.chat_template = TEMPLATES[name].read_text()
+        engine = ScriptedEngine(tok, replies)
+        path = tmp_path / f"n{len(stack._exit_callbacks)}.db"
+        return stack.enter_context(serve(engine, tok, path))
+
+    with stack:
+        yield make
+
+
+@pytest.mark.parametrize(("name", "reply"), [("llama3_1", LLAMA_CALL),
+                                             ("mistral_nemo", MISTRAL_CALL)])  # fmt: skip
+def test_native_tool_call_through_the_models_own_format(native_server, name, reply):
+    served = native_server(name, [reply, reply])
+    client = served.client()
+    r = client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+    prompt = _decoded_prompt(served)
+    assert "<tools>" not in prompt  # the template's own tool section, not the fallback's
+    assert ("Environment: ipython" if name == "llama3_1" else "[AVAILABLE_TOOLS]") in prompt
+    (turn,) = served.turns()
+    assert turn.output["tool_calls"] == [
+        {"id": call.id, "name": "get_weather", "arguments": {"city": "Paris"}}
+    ]
+    chunks = list(
+        client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, stream=True)
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == ""
+    calls = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
+    assert len(calls) == 1 and calls[0].function.name == "get_weather"
+    assert json.loads(calls[0].function.arguments) == {"city": "Paris"}
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_llama_tool_round_trip_renders_natively(native_server):
+    served = native_server("llama3_1", [LLAMA_CALL, 'It is sunny: {"temp": 21}.'])
+    client = served.client()
+    r = client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS)
+    (call,) = r.choices[0].message.tool_calls
+    history = [
+        *ASK,
+        r.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"},
+    ]
+    r2 = client.chat.completions.create(model="tiny", messages=history, tools=TOOLS)
+    assert r2.choices[0].message.tool_calls is None  # an answer that contains JSON is content
+    assert r2.choices[0].message.content == 'It is sunny: {"temp": 21}.'
+    assert r2.choices[0].finish_reason == "stop"
+    assert (
+        f"{LLAMA_CALL}<|eot_id|><|start_header_id|>ipython<|end_header_id|>\n\n"
+        '"sunny, 21 C"<|eot_id|>'
+    ) in _decoded_prompt(served)

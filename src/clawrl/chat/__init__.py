@@ -25,7 +25,15 @@ convention):
 * ``tool_choice="none"`` offers no tools; ``required`` / a named function add an instruction line
   (enforced only by that instruction and the gateway's parse: no constrained decoding).
 
-Templates whose source mentions ``tools`` get the tools, calls and results natively instead.
+Templates whose source mentions ``tools`` get the tools, calls and results natively instead
+(with canonical call ids, :func:`canonical_call_id`).
+
+**The model's own format when parsing** (:mod:`~clawrl.chat.formats`): the tool-call format is
+read off the template (:func:`detect_tool_call_format`: ``hermes`` ``<tool_call>{...}
+</tool_call>``, ``llama3_json`` ``{"name": ..., "parameters": {...}}``, ``mistral``
+``[TOOL_CALLS]...``; the fallback format is ``hermes``), and completions are cut at the
+template's end-of-turn markers (:func:`template_stop_markers`); :func:`completion_format` gives
+both for a tokenizer.
 
 **Reasoning rule.** Assistant reasoning in the history is kept, rendered as
 ``<think>\\nREASONING\\n</think>`` before the content of its message (both paths), so a turn's
@@ -39,6 +47,16 @@ a JSON list, bare string or number, or broken JSON is a 400 naming
 ``messages[i].tool_calls[j].function.arguments``.
 """
 
+from clawrl.chat.formats import (
+    TOOL_CALL_FORMATS,
+    CompletionFormat,
+    ToolCallFormat,
+    completion_format,
+    control_ids,
+    detect_tool_call_format,
+    end_of_turn_ids,
+    template_stop_markers,
+)
 from clawrl.chat.openai_messages import (
     normalize_openai_messages,
     normalize_openai_tools,
@@ -56,13 +74,20 @@ from clawrl.chat.parse import (
     new_tool_call_id,
     parse_completion,
 )
-from clawrl.chat.render import RenderedPrompt, render_prompt, supports_native_tools
+from clawrl.chat.render import (
+    RenderedPrompt,
+    canonical_call_id,
+    render_prompt,
+    supports_native_tools,
+)
 from clawrl.chat.tool_format import assistant_message_text, tool_call_text
 from clawrl.chat.types import ChatMessage, Role, ToolCall, ToolChoice, ToolSpec
 
 __all__ = [
     "DEFAULT_STOP_MARKERS",
+    "TOOL_CALL_FORMATS",
     "ChatMessage",
+    "CompletionFormat",
     "ContentDelta",
     "ParsedCompletion",
     "ReasoningDelta",
@@ -72,9 +97,15 @@ __all__ = [
     "StreamingParser",
     "ToolCall",
     "ToolCallEvent",
+    "ToolCallFormat",
     "ToolChoice",
     "ToolSpec",
     "assistant_message_text",
+    "canonical_call_id",
+    "completion_format",
+    "control_ids",
+    "detect_tool_call_format",
+    "end_of_turn_ids",
     "new_tool_call_id",
     "normalize_openai_messages",
     "normalize_openai_tools",
@@ -83,5 +114,6 @@ __all__ = [
     "parse_completion",
     "render_prompt",
     "supports_native_tools",
+    "template_stop_markers",
     "tool_call_text",
 ]

@@ -2,23 +2,39 @@
 
 Rules (tolerant: a completion never makes the parser raise):
 
-1. **Stop markers.** The text is cut at the first stop marker (``<|im_end|>``,
-   ``<|endoftext|>`` by default) if the engine left one in.
+1. **Stop markers.** The text is cut at the first stop marker if the engine left one in: the
+   model's own end-of-turn texts (:func:`clawrl.chat.template_stop_markers`, which the gateway
+   passes), ``<|im_end|>`` and ``<|endoftext|>`` (:data:`DEFAULT_STOP_MARKERS`) by default.
 2. **Reasoning.** If the completion starts (after whitespace) with ``<think>``, the text up to the
    first ``</think>`` is the reasoning. An unclosed ``<think>`` (a truncated completion) makes the
-   whole rest reasoning and the content ``None``. ``<think>`` anywhere else is plain content.
-3. **Tool calls** (only when tools are enabled; otherwise the tags stay content). A
-   ``<tool_call>`` region ends at the first ``</tool_call>`` that is not inside a JSON string
-   (so ``"</tool_call>"`` inside an argument does not end it; a raw newline, which JSON forbids
-   in strings, ends a string that was never closed). It becomes a :class:`ToolCall`
-   (id ``call_`` + random hex) when its inside is a JSON object with a non-empty string
-   ``name`` and ``arguments`` (alias ``parameters``) that is an object, a JSON string of an
-   object, or absent/``""`` (``{}``). Otherwise — malformed JSON, no name, non-object
-   arguments — the region stays plain content, tags included. A ``<tool_call>`` that is
-   followed by another ``<tool_call>`` before any closing tag is abandoned: the text up to the
-   second tag is content. A region still open at the end (truncated) is content. Text before,
-   between and after calls is content; the Hermes/Qwen format with newlines inside the tags is
-   accepted.
+   whole rest reasoning and the content ``None``. ``<think>`` anywhere else is plain content. The
+   rest of the completion is its *body*.
+3. **Tool calls** (only when tools are enabled; otherwise everything stays content), in the
+   model's native format (``tool_format``, :func:`clawrl.chat.detect_tool_call_format`). A
+   well-formed call becomes a :class:`ToolCall` (id ``call_`` + random hex); anything malformed
+   stays content, verbatim. A call object is well formed when it is a JSON object with a
+   non-empty string ``name`` and ``arguments`` (alias ``parameters``) that is an object, a JSON
+   string of an object, or absent/``""`` (``{}``). In every format, JSON strings are skipped
+   when looking for the end of a call (a raw newline, which JSON forbids in strings, ends a
+   string that was never closed), and a call still open at the end (truncated) is content.
+
+   * ``"hermes"`` (Hermes/Qwen, and clawrl's fallback format): a ``<tool_call>`` region ends at
+     the first ``</tool_call>`` outside JSON strings (so ``"</tool_call>"`` inside an argument
+     does not end it); its inside must be one call object, else the region stays content, tags
+     included. A ``<tool_call>`` followed by another ``<tool_call>`` before any closing tag is
+     abandoned: the text up to the second tag is content. Newlines inside the tags are fine.
+   * ``"mistral"``: ``[TOOL_CALLS]`` then either a JSON array of call objects (the region ends at
+     its matching ``]``; calls when every element is a call object) or ``NAME[ARGS]`` and a JSON
+     object (ends at its matching ``}``); otherwise the region stays content. A region is
+     abandoned (its text so far content) where it stops being possible: a name character other
+     than letters, digits and ``_.:-``, no ``{`` after ``[ARGS]``, or another ``[TOOL_CALLS]``
+     outside JSON strings. Several regions may follow each other.
+   * ``"llama3_json"``: the body is calls only when it is *entirely* (after whitespace and an
+     optional ``<|python_tag|>``) one or more call objects separated by ``;`` (one trailing
+     ``;`` allowed), each with a ``parameters`` (or ``arguments``) key; otherwise the whole body
+     is content, so an answer that merely contains JSON stays content.
+
+   Text before, between and after hermes and mistral regions is content.
 4. **Whitespace.** Content and reasoning are stripped of leading and trailing whitespace, with
    the pieces of content around tool calls concatenated first; empty means ``None``.
 
@@ -28,21 +44,18 @@ Rules (tolerant: a completion never makes the parser raise):
 
 from __future__ import annotations
 
-import json
-import re
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from clawrl.chat.tool_format import THINK_CLOSE, THINK_OPEN, TOOL_CALL_CLOSE, TOOL_CALL_OPEN
+from clawrl.chat.formats import DEFAULT_STOP_MARKERS, TOOL_CALL_FORMATS, ToolCallFormat
+from clawrl.chat.tool_format import THINK_CLOSE, THINK_OPEN
+from clawrl.chat.tool_scan import Llama3Body, Region, new_region, opening_tag
 from clawrl.chat.types import ChatMessage, ToolCall
 
-DEFAULT_STOP_MARKERS: tuple[str, ...] = ("<|im_end|>", "<|endoftext|>")
-_IN_STRING = re.compile(r'["\\\n]')
-_OUTSIDE_STRING = re.compile(r'["<]')
+"""SmolLM2's (ChatML) markers: the default when the caller does not pass the model's own."""
 
 
 def new_tool_call_id() -> str:
@@ -108,19 +121,24 @@ def parse_completion(
     tools_enabled: bool,
     stop_markers: Sequence[str] = DEFAULT_STOP_MARKERS,
     new_id: Callable[[], str] = new_tool_call_id,
+    tool_format: ToolCallFormat = "hermes",
 ) -> ParsedCompletion:
     """Parse a whole completion (rules in the module docstring).
 
     Args:
         text: the decoded completion.
-        tools_enabled: whether ``<tool_call>`` markup is parsed (tools were offered).
+        tools_enabled: whether tool-call markup is parsed (tools were offered).
         stop_markers: texts at which the completion is cut.
         new_id: makes the id of each tool call.
+        tool_format: the model's tool-call format.
 
     Returns:
         The content, reasoning and tool calls. Never raises on any text.
     """
-    parser = StreamingParser(tools_enabled=tools_enabled, stop_markers=stop_markers, new_id=new_id)
+    parser = StreamingParser(
+        tools_enabled=tools_enabled, stop_markers=stop_markers, new_id=new_id,
+        tool_format=tool_format,
+    )  # fmt: skip
     parser.feed(text)
     parser.finish()
     return parser.result
@@ -151,16 +169,6 @@ class _Stripper:
         return "".join(self.emitted) or None
 
 
-@dataclass
-class _CallScan:
-    """Progress through one ``<tool_call>`` region, resumable across deltas."""
-
-    start: int
-    i: int
-    in_string: bool = False
-    escaped: bool = False
-
-
 def _partial_suffix(text: str, tag: str) -> int:
     """Length of the longest suffix of ``text`` that is a proper prefix of ``tag``."""
     for k in range(min(len(text), len(tag) - 1), 0, -1):
@@ -173,17 +181,27 @@ class StreamingParser:
     """Incremental :func:`parse_completion`.
 
     Feed text deltas; each call returns the events that are certain so far. Content is released
-    immediately except text that may still be the start of a tag (``<tool_call>``, ``<think>``,
-    ``</think>``, a stop marker) and trailing whitespace (which is dropped if nothing follows).
-    A tool-call region is held until it is decided: a :class:`ToolCallEvent` when well formed,
-    otherwise its text as content. After :meth:`finish`, :attr:`result` equals
-    ``parse_completion`` of the concatenated deltas (with the same ``new_id``), and the content
-    and reasoning deltas concatenate to ``result.content`` and ``result.reasoning``.
+    immediately except text that may still be the start of a tag (the format's opening tag,
+    ``<think>``, ``</think>``, a stop marker) and trailing whitespace (which is dropped if
+    nothing follows). A hermes or mistral tool-call region is held until it is decided: a
+    :class:`ToolCallEvent` per call when well formed, otherwise its text as content. With
+    ``llama3_json`` the body is held while it could still be calls (it is, after whitespace, an
+    optional ``<|python_tag|>`` and ``{``, as long as every object so far is a call followed by
+    nothing but whitespace and ``;``), so a call's JSON is never sent as content; it is released
+    as content as soon as it cannot be calls, and its calls are only known at :meth:`finish`.
+
+    After :meth:`finish`, :attr:`result` equals ``parse_completion`` of the concatenated deltas
+    (with the same ``new_id``), and the content and reasoning deltas concatenate to
+    ``result.content`` and ``result.reasoning``.
 
     Args:
-        tools_enabled: whether ``<tool_call>`` markup is parsed.
+        tools_enabled: whether tool-call markup is parsed.
         stop_markers: texts at which the completion is cut.
         new_id: makes the id of each tool call.
+        tool_format: the model's tool-call format (:data:`clawrl.chat.ToolCallFormat`).
+
+    Raises:
+        ValueError: an unknown ``tool_format``.
     """
 
     def __init__(
@@ -192,16 +210,22 @@ class StreamingParser:
         tools_enabled: bool,
         stop_markers: Sequence[str] = DEFAULT_STOP_MARKERS,
         new_id: Callable[[], str] = new_tool_call_id,
+        tool_format: ToolCallFormat = "hermes",
     ) -> None:
+        if tool_format not in TOOL_CALL_FORMATS:
+            raise ValueError(f"unknown tool-call format {tool_format!r}")
         self._tools_enabled = tools_enabled
+        self._format = tool_format
         self._markers = tuple(m for m in stop_markers if m)
         self._new_id = new_id
         self._raw = ""
         self._stopped = False
         self._searched = 0
         self._pos = 0
+        # start -> think -> body (tags parsed) | plain (no tags) | json (llama3_json deciding)
         self._phase = "start"
-        self._call: _CallScan | None = None
+        self._region: Region | None = None
+        self._json: Llama3Body | None = None
         self._content = _Stripper()
         self._reasoning = _Stripper()
         self._tool_calls: list[ToolCall] = []
@@ -255,6 +279,11 @@ class StreamingParser:
             pass
         return events
 
+    def _body_phase(self) -> str:
+        if not self._tools_enabled:
+            return "plain"
+        return "json" if self._format == "llama3_json" else "body"
+
     def _step(self, end: int, final: bool, events: list[StreamEvent]) -> bool:
         """Advance once; return whether to continue."""
         raw, pos = self._raw, self._pos
@@ -267,7 +296,7 @@ class StreamingParser:
                 return True
             if not final and THINK_OPEN.startswith(stripped):
                 return False
-            self._phase = "body"
+            self._phase = self._body_phase()
             return True
         if self._phase == "think":
             close = raw.find(THINK_CLOSE, pos, end)
@@ -279,46 +308,57 @@ class StreamingParser:
             if close < 0:
                 return False
             self._pos = close + len(THINK_CLOSE)
-            self._phase = "body"
+            self._phase = self._body_phase()
             return True
-        if self._call is not None:
-            return self._step_call(end, final, events)
-        opening = raw.find(TOOL_CALL_OPEN, pos, end) if self._tools_enabled else -1
-        stop = opening if opening >= 0 else end
-        if opening < 0 and not final and self._tools_enabled:
-            stop -= _partial_suffix(raw[pos:end], TOOL_CALL_OPEN)
+        if self._phase == "json":
+            return self._step_json(end, final, events)
+        if self._region is not None:
+            return self._step_region(end, final, events)
+        opening = opening_tag(self._format) if self._phase == "body" else None
+        at = raw.find(opening, pos, end) if opening else -1
+        stop = at if at >= 0 else end
+        if opening and at < 0 and not final:
+            stop -= _partial_suffix(raw[pos:end], opening)
         self._emit(events, raw[pos:stop], reasoning=False)
         self._pos = stop
-        if opening < 0:
+        if at < 0:
             return False
-        self._call = _CallScan(start=opening, i=opening + len(TOOL_CALL_OPEN))
+        assert self._format != "llama3_json"
+        self._region = new_region(self._format, at, self._new_id)
         return True
 
-    def _step_call(self, end: int, final: bool, events: list[StreamEvent]) -> bool:
-        scan = self._call
-        assert scan is not None
-        decided = _advance_call(scan, self._raw, end, final)
+    def _step_region(self, end: int, final: bool, events: list[StreamEvent]) -> bool:
+        region = self._region
+        assert region is not None
+        decided = region.advance(self._raw, end, final)
         if decided is None:
-            if final:
-                self._emit(events, self._raw[scan.start : end], reasoning=False)
-                self._pos = end
-                self._call = None
             return False
-        kind, at = decided
-        self._call = None
-        if kind == "reopen":
-            self._emit(events, self._raw[scan.start : at], reasoning=False)
-            self._pos = at
-            return True
-        region_end = at + len(TOOL_CALL_CLOSE)
-        call = _decode_call(self._raw[scan.start + len(TOOL_CALL_OPEN) : at], self._new_id)
-        if call is None:
-            self._emit(events, self._raw[scan.start : region_end], reasoning=False)
+        self._region = None
+        if decided.calls is None:
+            self._emit(events, self._raw[region.start : decided.stop], reasoning=False)
         else:
-            self._tool_calls.append(call)
-            events.append(ToolCallEvent(call))
-        self._pos = region_end
+            self._add_calls(events, decided.calls)
+        self._pos = decided.stop
         return True
+
+    def _step_json(self, end: int, final: bool, events: list[StreamEvent]) -> bool:
+        if self._json is None:
+            self._json = Llama3Body(self._pos)
+        outcome = self._json.advance(self._raw, end, final)
+        if outcome is None:
+            return False
+        self._json = None
+        if isinstance(outcome, str):  # "content": the body is plain text
+            self._phase = "plain"
+            return True
+        calls = [ToolCall(id=self._new_id(), name=n, arguments=a) for n, a in outcome]
+        self._add_calls(events, calls)
+        self._pos, self._phase = end, "plain"
+        return False
+
+    def _add_calls(self, events: list[StreamEvent], calls: list[ToolCall]) -> None:
+        self._tool_calls.extend(calls)
+        events.extend(ToolCallEvent(c) for c in calls)
 
     def _emit(self, events: list[StreamEvent], piece: str, *, reasoning: bool) -> None:
         if not piece:
@@ -331,80 +371,3 @@ class StreamingParser:
             out = self._content.push(piece)
             if out:
                 events.append(ContentDelta(out))
-
-
-def _advance_call(scan: _CallScan, text: str, end: int, final: bool) -> tuple[str, int] | None:
-    """Scan a tool-call region up to ``end``.
-
-    Returns ``("close", i)`` at a ``</tool_call>`` outside JSON strings, ``("reopen", i)`` at a
-    ``<tool_call>`` outside JSON strings, or ``None`` (undecided; ``scan`` keeps its progress).
-    """
-    i = scan.i
-    while i < end:
-        if scan.in_string:
-            if scan.escaped:
-                scan.escaped = False
-                scan.in_string = text[i] != "\n"
-                i += 1
-                continue
-            m = _IN_STRING.search(text, i, end)
-            if m is None:
-                i = end
-                break
-            i = m.end()
-            if m.group() == "\\":
-                scan.escaped = True
-            else:  # a closing quote, or a raw newline (never inside a valid JSON string)
-                scan.in_string = False
-            continue
-        m = _OUTSIDE_STRING.search(text, i, end)
-        if m is None:
-            i = end
-            break
-        j = m.start()
-        if m.group() == '"':
-            scan.in_string = True
-            i = j + 1
-            continue
-        for tag, kind in ((TOOL_CALL_CLOSE, "close"), (TOOL_CALL_OPEN, "reopen")):
-            if text.startswith(tag, j, end):
-                scan.i = j
-                return kind, j
-        if not final and any(
-            tag.startswith(text[j:end]) for tag in (TOOL_CALL_CLOSE, TOOL_CALL_OPEN)
-        ):
-            scan.i = j
-            return None
-        i = j + 1
-    scan.i = i
-    return None
-
-
-def _decode_call(inner: str, new_id: Callable[[], str]) -> ToolCall | None:
-    """The tool call a region's inside describes, or ``None`` if it is not a well-formed one."""
-    try:
-        obj = json.loads(inner)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(obj, dict):
-        return None
-    name = obj.get("name")
-    if not isinstance(name, str) or not name:
-        return None
-    arguments = _call_arguments(obj.get("arguments", obj.get("parameters")))
-    if arguments is None:
-        return None
-    return ToolCall(id=new_id(), name=name, arguments=arguments)
-
-
-def _call_arguments(raw: Any) -> dict[str, Any] | None:
-    if raw is None:
-        return {}
-    if isinstance(raw, str):
-        if not raw.strip():
-            return {}
-        try:
-            raw = json.loads(raw)
-        except (ValueError, RecursionError):
-            return None
-    return raw if isinstance(raw, dict) else None

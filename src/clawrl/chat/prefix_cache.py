@@ -54,7 +54,7 @@ def prefix_renders(
     render: Callable[[Sequence[ChatMessage]], str],
     messages: Sequence[ChatMessage],
     context: bytes,
-    rejected: type[Exception],
+    rejected: type[Exception] | tuple[type[Exception], ...],
 ) -> list[tuple[int, bytes]]:
     """``(length, sha1)`` of ``render(messages[:k])`` for k = 1..n (length -1: ``rejected`` was
     raised), rendering only the prefixes not remembered."""

@@ -4,7 +4,14 @@ Two paths, picked per tokenizer by :func:`supports_native_tools`:
 
 * **native** — the template source mentions ``tools``: tools go to the template in OpenAI function
   format, assistant tool calls as OpenAI ``tool_calls`` (arguments as objects) and tool results as
-  ``tool`` messages; the template decides their text.
+  ``tool`` messages; the template decides their text. The ids the template sees are canonical,
+  never the client's: the k-th call of the conversation is :func:`canonical_call_id` ``(k)``
+  (``call00000``, ``call00001``, …: nine alphanumeric characters, which Mistral's templates
+  demand), and a tool result gets the canonical id of the call whose client id it names (the
+  most recent one), else of the first unanswered call of the latest assistant message, else a
+  fresh one; so ids a client picks or rewrites never change the prompt. With a ``llama3_json``
+  template (Llama 3.1/3.2, which reject an assistant message with several calls) a message with
+  several calls is rendered as consecutive assistant messages of one call each.
 * **fallback** — the template has no tool support (SmolLM2's plain ChatML): the text format of
   :mod:`clawrl.chat.tool_format` is used. The tool section is appended to the first system message
   (one is created when the conversation has none, starting with the template's own default system
@@ -37,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 import jinja2
 
+from clawrl.chat.formats import chat_template_source, detect_tool_call_format
 from clawrl.chat.prefix_cache import (
     context_key,
     encode_segments,
@@ -51,12 +59,19 @@ from clawrl.chat.tool_format import (
     tool_results_text,
     tools_system_text,
 )
-from clawrl.chat.types import ChatMessage, ToolChoice, ToolSpec
-from clawrl.errors import ClientInputError, ModelLoadError
+from clawrl.chat.types import ChatMessage, ToolCall, ToolChoice, ToolSpec
+from clawrl.errors import ClientInputError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+TEMPLATE_ERRORS: tuple[type[Exception], ...] = (
+    jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError,
+)  # fmt: skip
+"""What a chat template raises on a conversation it cannot render: its own
+``raise_exception`` (a TemplateError), and Python errors of templates that index or concatenate
+the client's data (deepseekv3 adds dict arguments to a string: TypeError). A client's
+conversation that fails so is a 400, never a 500."""
 _PROBE_SYSTEM = "\x1fclawrl-probe-system\x1f"
 _PROBE_USER = "\x1fclawrl-probe-user\x1f"
 _default_system_cache: dict[tuple[str, str | None], str | None] = {}
@@ -155,6 +170,7 @@ def render_prompt(
     choice = tool_choice or ToolChoice()
     offered = list(tools or []) if choice.mode != "none" else []
     native = supports_native_tools(tokenizer)
+    one_call = native and detect_tool_call_format(_template_source(tokenizer)) == "llama3_json"
     payload: list[dict[str, Any]] | None = None
     if native and offered:
         payload = [t.openai_format() for t in offered]
@@ -162,12 +178,13 @@ def render_prompt(
     default_system = _default_system_prompt(tokenizer) if extra else None
 
     def render(msgs: Sequence[ChatMessage], generation_prompt: bool) -> str:
-        conv = _template_messages(msgs, native=native, extra=extra, default_system=default_system)
+        conv = _template_messages(msgs, native=native, extra=extra, default_system=default_system,
+                                  one_call_per_message=one_call)  # fmt: skip
         return _apply_template(tokenizer, conv, payload, generation_prompt)
 
     try:
         text = render(messages, add_generation_prompt)
-    except jinja2.TemplateError as e:
+    except TEMPLATE_ERRORS as e:
         raise ClientInputError(
             f"the policy's chat template rejected the conversation: {e}", param="messages"
         ) from e
@@ -233,7 +250,7 @@ def _span_candidates(
     """Candidate boundaries: (number of messages, char offset) where the prefix's text is a
     prefix of ``text`` (compared by sha1; prefix renders remembered across calls:
     :mod:`clawrl.chat.prefix_cache`)."""
-    renders = prefix_renders(render, messages, context, jinja2.TemplateError)
+    renders = prefix_renders(render, messages, context, TEMPLATE_ERRORS)
     digests = text_prefix_digests(text, [n for n, _ in renders])
     candidates: list[tuple[int, int]] = []
     last_char = 0
@@ -293,20 +310,16 @@ def _join(head: str | None, tail: str) -> str:
 
 
 def _template_messages(
-    messages: Sequence[ChatMessage], *, native: bool, extra: str | None, default_system: str | None
+    messages: Sequence[ChatMessage],
+    *,
+    native: bool,
+    extra: str | None,
+    default_system: str | None,
+    one_call_per_message: bool = False,
 ) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    i = 0
-    while i < len(messages):
-        if messages[i].role == "tool" and not native:
-            j = i
-            while j < len(messages) and messages[j].role == "tool":
-                j += 1
-            out.append({"role": "user", "content": tool_results_text(list(messages[i:j]))})
-            i = j
-            continue
-        out.append(_template_message(messages[i], native))
-        i += 1
+    out = (
+        _native_messages(messages, one_call_per_message) if native else _fallback_messages(messages)
+    )
     if extra:
         if messages and messages[0].role == "system":
             out[0]["content"] = _join(out[0]["content"], extra)
@@ -315,31 +328,94 @@ def _template_messages(
     return out
 
 
-def _template_message(m: ChatMessage, native: bool) -> dict[str, Any]:
-    if m.role == "assistant":
-        if not native:
-            return {"role": "assistant", "content": assistant_message_text(m)}
-        parts = [reasoning_text(m.reasoning)] if m.reasoning else []
-        if m.content:
-            parts.append(m.content)
-        d: dict[str, Any] = {"role": "assistant", "content": "\n".join(parts)}
-        if m.tool_calls:
-            d["tool_calls"] = [
-                {
-                    "id": c.id,
-                    "type": "function",
-                    "function": {"name": c.name, "arguments": c.arguments},
-                }
-                for c in m.tool_calls
-            ]
-        return d
-    d = {"role": m.role, "content": m.content or ""}
-    if m.role == "tool":
-        if m.tool_call_id is not None:
-            d["tool_call_id"] = m.tool_call_id
-        if m.name is not None:
-            d["name"] = m.name
-    return d
+def _fallback_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    i = 0
+    while i < len(messages):
+        m = messages[i]
+        if m.role == "tool":
+            j = i
+            while j < len(messages) and messages[j].role == "tool":
+                j += 1
+            out.append({"role": "user", "content": tool_results_text(list(messages[i:j]))})
+            i = j
+            continue
+        if m.role == "assistant":
+            out.append({"role": "assistant", "content": assistant_message_text(m)})
+        else:
+            out.append({"role": m.role, "content": m.content or ""})
+        i += 1
+    return out
+
+
+def canonical_call_id(k: int) -> str:
+    """The id the native path gives the template for the ``k``-th tool call of a conversation
+    (0-based): ``call`` + ``k`` in at least 5 digits, e.g. ``call00000`` (9 alphanumeric
+    characters, the form Mistral's templates demand)."""
+    return f"call{k:05d}"
+
+
+class _CanonicalIds:
+    """Canonical call ids for one conversation, assigned in order (see :func:`render_prompt`)."""
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._by_client: dict[str, str] = {}
+        self._pending: list[str] = []
+
+    def _fresh(self) -> str:
+        self._count += 1
+        return canonical_call_id(self._count - 1)
+
+    def calls(self, calls: Sequence[ToolCall]) -> list[str]:
+        ids = [self._fresh() for _ in calls]
+        for call, cid in zip(calls, ids, strict=True):
+            if call.id:
+                self._by_client[call.id] = cid
+        self._pending = list(ids)
+        return ids
+
+    def result(self, client_id: str | None) -> str:
+        cid = self._by_client.get(client_id) if client_id else None
+        if cid is None:
+            cid = self._pending[0] if self._pending else self._fresh()
+        if cid in self._pending:
+            self._pending.remove(cid)
+        return cid
+
+
+def _native_messages(
+    messages: Sequence[ChatMessage], one_call_per_message: bool
+) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    ids = _CanonicalIds()
+    for m in messages:
+        if m.role == "assistant":
+            parts = [reasoning_text(m.reasoning)] if m.reasoning else []
+            if m.content:
+                parts.append(m.content)
+            d: dict[str, Any] = {"role": "assistant", "content": "\n".join(parts)}
+            calls = [
+                {"id": cid, "type": "function",
+                 "function": {"name": c.name, "arguments": c.arguments}}
+                for c, cid in zip(m.tool_calls, ids.calls(m.tool_calls), strict=True)
+            ]  # fmt: skip
+            if len(calls) > 1 and one_call_per_message:
+                out.append({**d, "tool_calls": calls[:1]})
+                out.extend({"role": "assistant", "content": "", "tool_calls": [c]}
+                           for c in calls[1:])  # fmt: skip
+                continue
+            if calls:
+                d["tool_calls"] = calls
+            out.append(d)
+            continue
+        d = {"role": m.role, "content": m.content or ""}
+        if m.role == "tool":
+            d["tool_call_id"] = ids.result(m.tool_call_id)
+            if m.name is not None:
+                d["name"] = m.name
+        out.append(d)
+    return out
 
 
 def _apply_template(
@@ -359,9 +435,7 @@ def _apply_template(
 
 
 def _template_source(tokenizer: PreTrainedTokenizerBase) -> str:
-    if tokenizer.chat_template is None:
-        raise ModelLoadError("the policy's tokenizer has no chat template")
-    return tokenizer.get_chat_template(None, tools=[])
+    return chat_template_source(tokenizer)
 
 
 def _default_system_prompt(tokenizer: PreTrainedTokenizerBase) -> str | None:
@@ -379,7 +453,7 @@ def _probe_default_system(tokenizer: PreTrainedTokenizerBase) -> str | None:
         with_system = _apply_template(
             tokenizer, [{"role": "system", "content": _PROBE_SYSTEM}, user], None, False
         )
-    except jinja2.TemplateError:
+    except TEMPLATE_ERRORS:
         return None
     at = with_system.find(_PROBE_SYSTEM)
     if at < 0:

@@ -2,7 +2,9 @@
 
 Shared by the streamed and the non-streamed paths so both give the same answer for the same
 sampled ids. The text parsed is the prefill (forced tool-call opening, if any) followed by the
-client-visible completion text (:mod:`clawrl.gateway.decode`).
+client-visible completion text (:mod:`clawrl.gateway.decode`), parsed in the policy's own format:
+its native tool-call format and its chat template's stop markers
+(:func:`clawrl.chat.completion_format`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from clawrl.chat import (
     ReasoningDelta,
     StreamingParser,
     ToolCallEvent,
+    completion_format,
     parse_completion,
 )
 from clawrl.engine import Completion, FinishReason, SamplingParams, TokenEvent
@@ -52,9 +55,12 @@ def complete_choice(
             there).
     """
     text, _ = visible_text(tokenizer, completion.token_ids, stop_token_ids, params.stop)
-    parsed = limit_calls(
-        parse_completion(prefill_text + text, tools_enabled=tools_enabled), parallel_tool_calls
-    )
+    fmt = completion_format(tokenizer)
+    parsed = parse_completion(
+        prefill_text + text, tools_enabled=tools_enabled, stop_markers=fmt.stop_markers,
+        tool_format=fmt.tool_call_format,
+    )  # fmt: skip
+    parsed = limit_calls(parsed, parallel_tool_calls)
     offset = admitted - started
     return ChoiceResult(
         index=index,
@@ -101,7 +107,11 @@ class StreamedChoice:
         self._started = started
         self._parallel = parallel_tool_calls
         self._assembler = TextAssembler(tokenizer, stop_token_ids, result.params.stop)
-        self._parser = StreamingParser(tools_enabled=tools_enabled)
+        fmt = completion_format(tokenizer)
+        self._parser = StreamingParser(
+            tools_enabled=tools_enabled, stop_markers=fmt.stop_markers,
+            tool_format=fmt.tool_call_format,
+        )  # fmt: skip
         if prefill_text:
             self._parser.feed(prefill_text)
 
