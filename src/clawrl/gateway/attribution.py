@@ -13,16 +13,18 @@ Explicit attribution, first match wins (recorded as the turn's ``session_source`
 
 Otherwise the call is inferred (``inferred:RULE``) by :func:`link_call`: an exact prefix of a
 recorded ``prompt + completion``, a retry (of a failed call, or marked a retry by the client),
-a history that echoes recorded answers, a prompt that repeats an earlier one with its answer
-dropped, a side call joining its client's latest session, else a new session. Each rule records
-a confidence (``exact``, ``medium``, ``low``) and its evidence on the turn
-(``client.attribution_confidence``, ``client.attribution_evidence``). No call is ever
+a history that repeats a recorded turn's messages and answer (the template re-rendered the
+answer to other ids), a history that echoes recorded answers, a prompt that repeats an earlier
+one with its answer dropped, a side call joining its client's latest session, else a new
+session. Each rule records a confidence (``exact``, ``medium``, ``low``) and its evidence on the
+turn (``client.attribution_confidence``, ``client.attribution_evidence``). No call is ever
 discarded for lack of a session; an identical first prompt from a second client is never taken
 for a retry of the first one's successful call.
 
-Within an explicitly named session the parent hint is found by the exact rules, among that
-session's turns only. Parents are hints: :func:`clawrl.trajectory.build_tree` re-derives the
-tree by ids.
+Within an explicitly named session the parent hint is found by the exact rules, then the
+message rule, among that session's turns only. Parents are hints:
+:func:`clawrl.trajectory.build_tree` re-derives the tree by ids (by messages where a template
+re-rendered an answer).
 
 Subagents (Claude Code sends ``X-Claude-Code-Agent-Id``, and ``X-Claude-Code-Parent-Agent-Id``
 for nested ones, with the parent's session id): a subagent's calls stay in the parent's session,
@@ -43,7 +45,8 @@ from typing import Any
 
 from clawrl.chat import ChatMessage
 from clawrl.errors import ClientInputError
-from clawrl.store import SessionSource, Store, TurnRecord, TurnStatus, encode_ids
+from clawrl.store import SessionSource, Store, TurnRecord, TurnStatus, encode_ids, output_hash
+from clawrl.trajectory.history import continues
 
 SESSION_HEADERS = ("x-session-id", "x-claude-code-session-id", "session-id")
 """Headers that name a session, in priority order (compared in lower case)."""
@@ -81,10 +84,12 @@ class Link:
         session_id: its session (``None``: open a new one).
         parent_turn_id: the turn whose ``prompt + completion`` its prompt extends, if any (a
             hint: the tree re-derives parents by ids).
-        detail: which rule of :func:`link_call` found it (``prefix``, ``retry``, ``echo``,
-            ``dropped_answer``, ``side_recent``, ``new``).
+        detail: which rule of :func:`link_call` found it (``prefix``, ``retry``, ``history``,
+            ``echo``, ``dropped_answer``, ``side_recent``, ``new``).
         confidence: ``exact`` (ids or an explicit id), ``medium`` or ``low``.
         extra: the evidence, recorded with the turn (e.g. ``echoed_tokens``).
+        history_turn: for ``history``, the turn whose messages and answer the call repeats
+            (the gateway describes how the template re-rendered it).
     """
 
     session_id: str | None
@@ -92,6 +97,7 @@ class Link:
     detail: str
     confidence: str = "exact"
     extra: Mapping[str, Any] = field(default_factory=dict)
+    history_turn: TurnRecord | None = None
 
 
 def _check_id(value: Any, where: str) -> str | None:
@@ -286,11 +292,14 @@ class CallSignals:
             facts record them (``None``: unknown, every client matches).
         echo_hashes: the :func:`clawrl.store.output_hash` of each assistant message in the
             call's history, in order.
-        find_by_output: ``output hash -> turns`` (newest first, any session), the lookup the
-            splice step already made; ``None``: query the store.
+        find_by_output: ``output hash -> turns`` (newest first; those of the named session
+            when it has some, else of any session), the lookup the splice step already made;
+            ``None``: query the store.
         end_ids: the tokenizer's special ids: a recorded call's ``prompt + completion`` can
             only end next to one of them inside a later prompt (:func:`turn_ends`); ``None``:
             look for every length recorded recently (a scan that grows with traffic).
+        messages: the call's messages (after ephemeral ones were left out), for the message
+            rule (``()``: the rule does not run).
     """
 
     retry_count: int | None = None
@@ -299,6 +308,7 @@ class CallSignals:
     echo_hashes: tuple[str, ...] = ()
     find_by_output: Callable[[str], list[TurnRecord]] | None = None
     end_ids: frozenset[int] | None = None
+    messages: tuple[ChatMessage, ...] = ()
 
     @property
     def client_key(self) -> str | None:
@@ -342,23 +352,33 @@ def link_call(
        call's sibling, ``exact``. A retry count of 0, an identical prompt after a successful
        call without a count, one from another client, or matches in several sessions (parallel
        rollouts) join nothing (``new``, with ``same_prompt_as``);
-    3. ``echo``: its history repeats answers the gateway recorded for the same client (assistant
+    3. ``history``: its messages repeat a recorded turn's messages and answer, with more after
+       them (the message rule of :mod:`clawrl.trajectory.history`: whitespace, reasoning,
+       tool-call JSON spacing and ids aside), the turn found by the output hash of one of the
+       call's assistant messages, the deepest such answer first, from the same client, within
+       :data:`INFER_WINDOW_S`: the template re-rendered that answer to other ids (Gemma 3 trims
+       it, Qwen3 drops its reasoning): that turn's session, parent hint that turn, ``medium``
+       (``exact`` within a named session: only the parent hint comes from it; evidence
+       ``history_turn``); when turns of several sessions qualify at that depth, none is joined;
+       turns of ended sessions are never continued;
+    4. ``echo``: its history repeats answers the gateway recorded for the same client (assistant
        messages matched by output hash), at least :data:`MIN_ECHO_TOKENS` tokens of them, counted
        per session, in messages recorded in one session only; exactly one session must have
        that much: that session, parent hint the turn of its last echoed message, ``medium`` (a
        harness that re-renders an earlier message, a side call carrying the conversation);
-    4. ``dropped_answer``: its prompt starts with an earlier main call's prompt minus the
+    5. ``dropped_answer``: its prompt starts with an earlier main call's prompt minus the
        generation prompt (at least :data:`MIN_CONTEXT_TOKENS` tokens) and goes on differently,
        the earlier call from the same client within :data:`DROPPED_WINDOW_S`: the client
        dropped that answer and went on (mini-swe-agent after a format error): that call's
        session, ``medium``; when calls of several sessions qualify, none is joined;
-    5. ``side_recent``: a recognised side call joins the session of the same client's latest
+    6. ``side_recent``: a recognised side call joins the session of the same client's latest
        main turn within :data:`SIDE_RECENT_S`, ``low`` (side calls are never trained, so a
        wrong guess costs no training signal);
-    6. ``new``.
+    7. ``new``.
 
-    Only sessions that were themselves inferred are joined by rules 3-5, and only turns of the
-    last :data:`INFER_WINDOW_S` seconds are candidates.
+    Within a named session, rule 3 runs after rules 1-2 on that session's turns (of any
+    source), for the parent hint. Only sessions that were themselves inferred are joined by
+    rules 3-6, and only turns of the last :data:`INFER_WINDOW_S` seconds are candidates.
 
     Limits (documented in docs/harnesses.md): two clients that send byte-identical histories
     cannot be told apart by content; rule 2 keeps their first calls apart, but a later call of
@@ -381,7 +401,7 @@ def link_call(
     if session_id is not None:
         if same:
             return Link(same[0].session_id, same[0].parent_turn_id, "retry")
-        return Link(session_id, None, "new")
+        return _history_link(store, session_id, signals) or Link(session_id, None, "new")
     note: dict[str, Any] = {"same_prompt_as": same[0].id} if same else {}
     if signals.retry_count != 0:  # 0: the client's own count says first attempt
         mine = [t for t in same if _same_client(t, signals)]
@@ -392,6 +412,9 @@ def link_call(
             return Link(mine[0].session_id, mine[0].parent_turn_id, "retry")
         if len(candidates) > 1:
             note["ambiguous_retry_sessions"] = len(candidates)  # parallel rollouts: join none
+    history = _history_link(store, None, signals)
+    if history is not None:
+        return history
     echo = _echo_link(store, signals)
     if echo is not None:
         return echo
@@ -416,6 +439,64 @@ def _same_client(turn: TurnRecord, signals: CallSignals) -> bool:
     """Whether ``turn`` came from the caller (same user agent and API key); ``True`` when the
     caller is unknown."""
     return signals.client_key is None or client_key(turn.client) == signals.client_key
+
+
+def _history_link(store: Store, session_id: str | None, signals: CallSignals) -> Link | None:
+    """Rule 3 of :func:`link_call` (``history``), within ``session_id`` when given."""
+    messages = signals.messages
+    lookup = signals.find_by_output
+    dumped: list[dict[str, Any]] | None = None
+    now = time.time()
+    for j in range(len(messages) - 2, -1, -1):  # deepest answer first; a message must follow
+        msg = messages[j]
+        if msg.role != "assistant" or not (msg.content or msg.tool_calls):
+            continue
+        calls = [{"name": c.name, "arguments": c.arguments} for c in msg.tool_calls]
+        h = output_hash(msg.content, calls)
+        found = (
+            lookup(h)
+            if lookup is not None
+            else store.find_turns_by_output_hash(h, session_id=session_id, limit=20)
+        )
+        turns = [
+            t
+            for t in found
+            if t.completion_ids
+            and len(t.request_messages) == j
+            and (t.session_id == session_id if session_id is not None else _joinable(t, signals))
+        ]
+        if not turns:
+            continue
+        if dumped is None:
+            dumped = [m.model_dump(mode="json") for m in messages]
+        turns = [t for t in turns if continues(dumped, t.request_messages, t.output)]
+        if len({t.session_id for t in turns}) > 1:
+            # the same conversation in several sessions (ended or old ones included): never guess
+            return None
+        turns = [t for t in turns if now - t.created_at <= INFER_WINDOW_S]
+        turns = [
+            t for t in turns if t.session_id in _open_sessions(store, {t.session_id for t in turns})
+        ]
+        if not turns:
+            continue
+        turn = turns[0]  # newest
+        confidence = "exact" if session_id is not None else "medium"  # named: only the parent
+        extra = {"history_turn": turn.id}
+        return Link(turn.session_id, turn.id, "history", confidence, extra, history_turn=turn)
+    return None
+
+
+def _open_sessions(store: Store, session_ids: set[str]) -> set[str]:
+    """Those of ``session_ids`` that exist and were not ended (an ended session is never
+    continued)."""
+    sessions = (store.get_session(sid) for sid in sorted(session_ids))
+    return {s.id for s in sessions if s is not None and s.ended_at is None}
+
+
+def _joinable(turn: TurnRecord, signals: CallSignals) -> bool:
+    """Whether an inferred call may join ``turn``'s session by content: the session was itself
+    inferred, and ``turn`` came from the caller."""
+    return turn.session_source == SessionSource.INFERRED and _same_client(turn, signals)
 
 
 def _echo_link(store: Store, signals: CallSignals) -> Link | None:

@@ -72,6 +72,7 @@ from clawrl.gateway.recorder import (
 )
 from clawrl.gateway.state import GatewayState
 from clawrl.store import ApiProtocol, TurnStatus, UntrainableReason
+from clawrl.trajectory.history import HISTORY_LINK_FACT
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +164,8 @@ def client_facts(request: Request, prepared: PreparedCall, model: str | None) ->
         "attribution_evidence": dict(prepared.link.extra)
         if prepared.link and prepared.link.extra
         else None,
+        # a link by messages: how the template re-rendered the continued turn's answer
+        HISTORY_LINK_FACT: prepared.history_link,
         "requested_model": model,
         # evaluation traffic (clawrl eval, the demo's before/after scores) is never trained on
         "eval": True if h.get("x-clawrl-eval", "").strip() in ("1", "true") else None,

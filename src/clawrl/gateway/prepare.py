@@ -1,5 +1,7 @@
 """From a chat request to the exact prompt ids the engine receives, and the call's place in the
-store: normalise, render, splice recorded ids, prefill forced tool calls, attribute the session.
+store: normalise, render, splice recorded ids, prefill forced tool calls, attribute the session
+(and, for a call linked by its messages to a turn whose answer the template re-rendered, how
+its prompt differs from that turn's sampled ids).
 
 Everything here blocks (tokenizer, store reads); routes run :func:`prepare_call` in a worker
 thread. Preparing writes nothing: a new session is created with the call's first turn.
@@ -16,10 +18,8 @@ applies.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
-import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +27,7 @@ from clawrl.chat import (
     ChatMessage,
     ToolChoice,
     ToolSpec,
+    control_ids,
     normalize_openai_messages,
     normalize_openai_tools,
     normalize_tool_choice,
@@ -43,7 +44,12 @@ from clawrl.gateway.attribution import (
 )
 from clawrl.gateway.ephemeral import drop_ephemeral
 from clawrl.gateway.side_calls import side_kind_from_messages
-from clawrl.gateway.splice import generation_prompt_ids, message_output_hash, splice_history
+from clawrl.gateway.splice import (
+    describe_rewrite,
+    generation_prompt_ids,
+    message_output_hash,
+    splice_history,
+)
 from clawrl.store import SessionRecord, SessionSource, Store, TurnRecord, new_id
 
 
@@ -72,6 +78,10 @@ class PreparedCall:
             (:mod:`clawrl.gateway.ephemeral`); ``messages`` is without them.
         new_session: the session to create with the call's first recorded turn (one commit
             for both; ``None``: the session exists). Nothing is written while preparing.
+        history_link: when the call continues a turn by its messages because the template
+            re-rendered that turn's answer to other ids (link rule ``history``), ``{"turn_id",
+            "changes", "next_state_at"}`` (:func:`clawrl.gateway.splice.describe_rewrite`),
+            recorded as the turn's ``client.history_link``; else ``None``.
     """
 
     messages: list[ChatMessage]
@@ -90,19 +100,13 @@ class PreparedCall:
     dropped: list[str] = field(default_factory=list)
     link: Link | None = None
     new_session: SessionRecord | None = None
-
-
-_SPECIAL: weakref.WeakKeyDictionary[Any, frozenset[int]] = weakref.WeakKeyDictionary()
+    history_link: dict[str, Any] | None = None
 
 
 def special_ids(tokenizer: Any) -> frozenset[int]:
-    """The tokenizer's special token ids (cached per tokenizer object)."""
-    found = _SPECIAL.get(tokenizer)
-    if found is None:
-        found = frozenset(int(i) for i in getattr(tokenizer, "all_special_ids", ()) or ())
-        with contextlib.suppress(TypeError):  # not weak-referenceable: computed each time
-            _SPECIAL[tokenizer] = found
-    return found
+    """The tokenizer's control ids: its special ids and the template's control tokens
+    (:func:`clawrl.chat.control_ids`; cached with the template)."""
+    return control_ids(tokenizer)
 
 
 def prefill_for(choice: ToolChoice, native: bool) -> str:
@@ -209,12 +213,23 @@ def prepare_messages(
         retry_count=retry_count,
         side=side_kind is not None,
         client=client,
-        find_by_output=find_anywhere,
+        find_by_output=find_turns,
         end_ids=special_ids(tokenizer),
         echo_hashes=echo_hashes,
+        messages=tuple(messages),
     )
     gen = generation_prompt_ids(tokenizer) or []
     link: Link = link_call(store, prompt_ids, scope, signals, gen)
+    history_link = None
+    if link.history_turn is not None:
+        rewrite = describe_rewrite(
+            tokenizer, link.history_turn, messages, rendered, spliced, prompt_ids
+        )
+        history_link = {
+            "turn_id": link.history_turn.id,
+            "changes": rewrite.changes,
+            "next_state_at": rewrite.next_state_at,
+        }
     new_session: SessionRecord | None = None  # written with the call's first turn
     if explicit is not None:
         if store.get_session(explicit.session_id) is None:  # a read, not a write, when known
@@ -245,4 +260,5 @@ def prepare_messages(
         dropped=dropped,
         link=link,
         new_session=new_session,
+        history_link=history_link,
     )

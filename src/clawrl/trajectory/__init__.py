@@ -2,16 +2,20 @@
 training rows with loss masks.
 
 - :mod:`.tree`: parent rule, segments, trainability (:func:`build_tree`, :func:`load_tree`).
+- :mod:`.history`: the message rule for answers the template re-rendered (:func:`continues`).
 - :mod:`.next_state`: next-state rule (:func:`next_state`).
-- :mod:`.rows`: flattened root-to-leaf rows and the shared-prefix mask rule (:func:`training_rows`).
+- :mod:`.rows`: rows flattened along ``prefix`` links, the shared-prefix mask rule
+  (:func:`training_rows`).
 - :mod:`.views`, :mod:`.export`: what the CLI prints and exports.
 """
 
 from clawrl.trajectory.export import EXPORT_VERSION, export_jsonl, session_export
+from clawrl.trajectory.history import HistoryChange, continues
 from clawrl.trajectory.next_state import NextState, NextStateRole, message_role, next_state
 from clawrl.trajectory.rows import TrainingRow, training_rows
 from clawrl.trajectory.tree import (
     HintCheck,
+    LinkKind,
     RootReason,
     SessionTree,
     TreeNode,
@@ -24,6 +28,8 @@ from clawrl.trajectory.views import format_session, list_sessions_table
 __all__ = [
     "EXPORT_VERSION",
     "HintCheck",
+    "HistoryChange",
+    "LinkKind",
     "NextState",
     "NextStateRole",
     "RootReason",
@@ -31,6 +37,7 @@ __all__ = [
     "TrainingRow",
     "TreeNode",
     "build_tree",
+    "continues",
     "export_jsonl",
     "format_session",
     "list_sessions_table",

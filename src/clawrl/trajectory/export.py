@@ -6,12 +6,13 @@ Line format (``format: "clawrl.trajectory"``, ``version`` :data:`EXPORT_VERSION`
      "metadata",
      "rows": [{"turn_ids", "input_ids", "loss_mask", "sampling_logprobs", "token_turn",
                "policy_versions", "trained_turn_ids", "untrained"}],      # see TrainingRow
-     "turns": [{"id", "parent_id", "segment", "depth", "root_reason", "kind", "side_kind",
+     "turns": [{"id", "parent_id", "link", "history_changes", "segment", "depth",
+                "root_reason", "kind", "side_kind",
                 "agent_id", "spawned_by", "attribution", "attribution_confidence",
                 "status", "finish_reason", "policy_version", "prompt_len", "completion_len",
                 "trainable", "untrainable_reason",
                 "next_state": null | {"role", "ids", "messages", "child_turn_id",
-                                      "other_child_ids", "feedback", "note"}}],
+                                      "other_child_ids", "feedback", "note", "changes"}}],
      "feedback": [{"id", "turn_id", "reward", "comment", "created_at"}],
      "untrainable": {"untrainable/<reason>": count},
      "rollout": null | {"id", "task_id", "harness", "status", "reason", "timed_out",
@@ -23,6 +24,11 @@ Line format (``format: "clawrl.trajectory"``, ``version`` :data:`EXPORT_VERSION`
 ``rollout`` (version 2) is a harness rollout's record (:mod:`clawrl.store.rollouts`): ``reward``
 is the verifier's reward when the rollout is ``ok``, else null; ``verifier`` is null when the
 verifier never ran. Sessions that are no rollout have ``"rollout": null``.
+
+``link`` (version 3) is how a turn is linked to its parent (``prefix``, ``history_rewritten``;
+null for a root), ``history_changes`` how its prompt differs from a ``history_rewritten``
+parent's sampled ids (``[]`` otherwise), and a next state's ``changes`` the same for the child it
+was taken from (:mod:`clawrl.trajectory.history`).
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from clawrl.trajectory.next_state import next_state
 from clawrl.trajectory.rows import training_rows
 from clawrl.trajectory.tree import load_tree
 
-EXPORT_VERSION = 2
+EXPORT_VERSION = 3
 
 
 def _feedback(f: FeedbackRecord) -> dict[str, Any]:
@@ -88,6 +94,8 @@ def session_export(store: Store, session_id: str) -> dict[str, Any]:
             {
                 "id": turn.id,
                 "parent_id": node.parent_id,
+                "link": None if node.link is None else node.link.value,
+                "history_changes": list(node.changes),
                 "segment": node.segment,
                 "depth": node.depth,
                 "root_reason": None if node.root_reason is None else node.root_reason.value,
@@ -116,6 +124,7 @@ def session_export(store: Store, session_id: str) -> dict[str, Any]:
                     "other_child_ids": state.other_child_ids,
                     "feedback": [_feedback(f) for f in state.feedback],
                     "note": state.note,
+                    "changes": state.changes,
                 },
             }
         )

@@ -9,7 +9,11 @@ Next-state rule, for a turn T:
 
    - ``ids`` = ``C.prompt_ids[len(T.prompt_ids) + len(T.completion_ids):]``: the tokens the
      environment added after T's sampled completion (tool results, the user's next message,
-     template tokens), exactly as the engine received them.
+     template tokens), exactly as the engine received them. When C is linked to T by
+     ``history_rewritten`` (C's prompt holds the template's re-rendering of T's answer, not
+     T's ids), ``ids`` = ``C.prompt_ids[at:]``, ``at`` being where the gateway found the
+     re-rendered answer's end (``client.history_link.next_state_at``); without it, no ids and
+     ``note`` says so. ``changes`` then says how C's prompt differs from T's sampled ids.
    - ``messages`` = ``C.request_messages[len(T.request_messages) + 1:]``: T saw
      ``len(T.request_messages)`` messages and the client's copy of T's own answer is one
      assistant message, so everything after that is new. If the message at that index is not
@@ -32,8 +36,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from clawrl.store import FeedbackRecord, TurnKind
-from clawrl.trajectory.tree import SessionTree
+from clawrl.store import FeedbackRecord, TurnKind, TurnRecord
+from clawrl.trajectory.history import HISTORY_LINK_FACT
+from clawrl.trajectory.tree import LinkKind, SessionTree
 
 _TOOL_PART_TYPES = frozenset({"tool_result", "function_call_output"})
 
@@ -60,6 +65,9 @@ class NextState:
         other_child_ids: T's other children (retries, side calls), creation order.
         feedback: explicit feedback rows about T (or the session, for a leaf without its own).
         note: how the rule was applied when not plainly (fallbacks, choices among children).
+        changes: for a child linked by ``history_rewritten``, how its prompt differs from T's
+            sampled ids (:class:`~clawrl.trajectory.history.HistoryChange` values); empty
+            when the child extends T's ids.
     """
 
     turn_id: str
@@ -70,6 +78,7 @@ class NextState:
     other_child_ids: list[str] = field(default_factory=list)
     feedback: list[FeedbackRecord] = field(default_factory=list)
     note: str | None = None
+    changes: list[str] = field(default_factory=list)
 
 
 def _is_tool_message(message: dict[str, Any]) -> bool:
@@ -106,7 +115,8 @@ def next_state(tree: SessionTree, turn_id: str) -> NextState | None:
         if not feedback:
             return None
         return NextState(turn_id, NextStateRole.FEEDBACK, feedback=feedback)
-    child = tree.node(child_id).turn
+    child_node = tree.node(child_id)
+    child = child_node.turn
     notes = []
     others = [c for c in node.children if c != child_id]
     if others:
@@ -119,13 +129,35 @@ def next_state(tree: SessionTree, turn_id: str) -> NextState | None:
         last = max((i for i, m in enumerate(later) if m.get("role") == "assistant"), default=-1)
         messages = later[last + 1 :]
         notes.append("message counts do not line up; took messages after the last assistant one")
+    changes: list[str] = []
+    if child_node.link == LinkKind.HISTORY_REWRITTEN:
+        changes = list(child_node.changes)
+        at = _rewritten_at(child, turn_id)
+        if at is None:
+            notes.append("history rewritten: where the new messages start is not recorded")
+        ids = [] if at is None else child.prompt_ids[at:]
+    else:
+        ids = child.prompt_ids[len(turn.prompt_ids) + len(turn.completion_ids) :]
     return NextState(
         turn_id=turn_id,
         role=message_role(messages),
-        ids=child.prompt_ids[len(turn.prompt_ids) + len(turn.completion_ids) :],
+        ids=ids,
         messages=messages,
         child_turn_id=child_id,
         other_child_ids=others,
         feedback=feedback,
         note="; ".join(notes) or None,
+        changes=changes,
     )
+
+
+def _rewritten_at(child: TurnRecord, parent_id: str) -> int | None:
+    """Where the ids after the re-rendered answer of ``parent_id`` start in ``child``'s prompt,
+    as the gateway recorded it (``None``: not recorded, or not for that parent)."""
+    fact = (child.client or {}).get(HISTORY_LINK_FACT)
+    if not isinstance(fact, dict) or fact.get("turn_id") != parent_id:
+        return None
+    at = fact.get("next_state_at")
+    if isinstance(at, int) and not isinstance(at, bool) and 0 <= at <= len(child.prompt_ids):
+        return at
+    return None

@@ -1,18 +1,25 @@
-"""Training rows: each root-to-leaf path of a :class:`SessionTree`, flattened to token ids.
+"""Training rows: each path of ``prefix`` links of a :class:`SessionTree`, flattened to ids.
 
-A path's ``input_ids`` are its leaf's ``prompt_ids + completion_ids``; by the parent rule every
-turn on the path has its own ``prompt_ids + completion_ids`` as a prefix of it, so each turn's
-sampled tokens sit at ``[len(prompt_ids), len(prompt_ids) + len(completion_ids))``.
+A row runs from a row start (a root, or a turn linked to its parent by ``history_rewritten``)
+down ``prefix`` links to a row end (a turn with no ``prefix`` child,
+:meth:`SessionTree.row_ends`); its ``input_ids`` are the end turn's
+``prompt_ids + completion_ids``. By the parent rule every turn on the row has its own
+``prompt_ids + completion_ids`` as a prefix of them, so each turn's sampled tokens sit at
+``[len(prompt_ids), len(prompt_ids) + len(completion_ids))``. A ``history_rewritten`` link is
+never crossed: the child's prompt holds the template's re-rendering of the parent's answer, not
+the sampled ids, so the parent's row ends with its own sampled ids and the child starts a row
+with its own prompt (nothing is re-tokenized).
 
 Loss-mask rule: mask 1 exactly on tokens sampled by a *trainable* turn, in the one row that
 *owns* the turn; 0 on prompts, environment tokens and context copies. Rows are enumerated
-depth-first (roots by creation, children by :meth:`SessionTree.ordered_children`, i.e. the
-next-state child first) and a turn is owned by the first row whose path contains it: the path
-that follows each turn's next-state child. So every sampled token of a trainable turn has mask 1
-in exactly one row, and a shared prefix (a turn with retries or branches after it) is trained
-once, in the row that also holds its next state. Untrainable turns get mask 0 everywhere; their
-reason is listed in the owning row's ``untrained``. Every leaf gives a row, even when all its
-tokens are context (the trainer skips rows with no mask-1 token).
+depth-first over every link (roots by creation, children by
+:meth:`SessionTree.ordered_children`, i.e. the next-state child first) and a turn is owned by the
+first row whose path contains it: the path that follows each turn's next-state child when that
+child is linked by ``prefix``. So every sampled token of a trainable turn has mask 1 in exactly
+one row, and a shared prefix (a turn with retries or branches after it) is trained once.
+Untrainable turns get mask 0 everywhere; their reason is listed in the owning row's
+``untrained``. Every row end gives a row, even when all its tokens are context (the trainer
+skips rows with no mask-1 token).
 """
 
 from __future__ import annotations
@@ -24,12 +31,13 @@ from clawrl.trajectory.tree import SessionTree
 
 @dataclass
 class TrainingRow:
-    """One flattened root-to-leaf path.
+    """One flattened row: a path of ``prefix`` links.
 
     Attributes:
         session_id: the session.
-        turn_ids: the path's turns, root first; ``turn_ids[-1]`` is the leaf.
-        input_ids: token ids, shape ``[n]`` (the leaf's prompt + completion).
+        turn_ids: the row's turns, its start first; ``turn_ids[-1]`` is its end (a leaf of the
+            ``prefix`` links).
+        input_ids: token ids, shape ``[n]`` (the end turn's prompt + completion).
         loss_mask: 1 on trained sampled tokens, else 0, shape ``[n]``.
         sampling_logprobs: the engine's sampling log-probs where ``loss_mask`` is 1, else 0.0,
             shape ``[n]``.
@@ -60,11 +68,11 @@ class TrainingRow:
 
 
 def training_rows(tree: SessionTree) -> list[TrainingRow]:
-    """One :class:`TrainingRow` per leaf of ``tree``, masked by the module's loss-mask rule."""
+    """One :class:`TrainingRow` per row end of ``tree``, masked by the module's loss-mask rule."""
     owned: set[str] = set()
     rows: list[TrainingRow] = []
-    for leaf_id in tree.leaves():
-        path = tree.path(leaf_id)
+    for leaf_id in tree.row_ends():
+        path = tree.row_path(leaf_id)
         leaf = tree.node(leaf_id).turn
         input_ids = [*leaf.prompt_ids, *leaf.completion_ids]
         n = len(input_ids)

@@ -1,13 +1,25 @@
-"""Linking a session's turns into a prefix tree by token ids.
+"""Linking a session's turns into a prefix tree by token ids (by messages where the template
+re-rendered an earlier answer to other ids).
 
-Parent rule: a turn's parent is the earlier turn (in ``created_at`` order) with a non-empty
-completion whose ``prompt_ids + completion_ids`` is the *longest* prefix of this turn's
-``prompt_ids``; among equally long matches, the gateway's ``parent_turn_id`` hint wins if it is
-one of them, else the most recent. Links are verified id by id (digests only find candidates),
-so mismatched ids are never spliced: a turn with no such prefix (first call, history edited,
-reasoning stripped by the template, compaction, a subagent with its own system prompt, a side
-call) is a *root*. A retry with the same prompt as an earlier turn gets the same parent, i.e.
-becomes its *sibling*.
+Parent rule, in two steps; each link records its kind (:class:`LinkKind`):
+
+1. ``prefix``: the earlier turn (in ``created_at`` order) with a non-empty completion whose
+   ``prompt_ids + completion_ids`` is the *longest* prefix of this turn's ``prompt_ids``; among
+   equally long matches, the gateway's ``parent_turn_id`` hint wins if it is one of them, else
+   the most recent. Verified id by id (digests only find candidates).
+2. ``history_rewritten``: when the template re-rendered an earlier answer to other ids (trimmed
+   whitespace, dropped reasoning, re-serialised tool calls), the earlier turn whose messages and
+   answer this turn's messages repeat, with something after them, by the message rule of
+   :mod:`clawrl.trajectory.history` (the most messages; then the hint, else the most recent).
+   It is the parent when step 1 finds none, or finds one that saw fewer messages (a deeper
+   answer was rewritten). Verified message by message. The node's ``changes`` are what the
+   gateway recorded about the rewrite (``client.history_link``; ``unknown`` otherwise).
+
+A turn with neither (first call, history edited, compaction, a subagent with its own system
+prompt, a side call) is a *root*. A retry with the same prompt as an earlier turn gets the same
+parent, i.e. becomes its *sibling*. Ids are never re-tokenized or spliced here: a
+``history_rewritten`` child does not contain its parent's ids, so training rows end at such a
+link (:mod:`clawrl.trajectory.rows`) and each side keeps its own sampled ids.
 
 Agents: a turn's parent must be a turn of the same agent (``client.agent_id``; the main agent
 has none), so two subagents whose calls happen to be identical never link into each other's
@@ -48,6 +60,13 @@ from clawrl.store import (
     ids_digest,
     prefix_digests,
 )
+from clawrl.trajectory.history import (
+    HISTORY_LINK_FACT,
+    HistoryChange,
+    answer_keys,
+    key_digests,
+    message_key,
+)
 
 
 class RootReason(StrEnum):
@@ -59,8 +78,16 @@ class RootReason(StrEnum):
     NO_PREFIX_MATCH = "no_prefix_match"  # earlier turns exist, none is a prefix: new segment
 
 
+class LinkKind(StrEnum):
+    """How a turn was linked to its parent (module docstring, parent rule)."""
+
+    PREFIX = "prefix"  # its prompt extends the parent's prompt + completion ids
+    HISTORY_REWRITTEN = "history_rewritten"  # its messages repeat the parent's messages and
+    # answer, which the template rendered to other ids than were sampled
+
+
 class HintCheck(StrEnum):
-    """How the gateway's ``parent_turn_id`` hint compares with the id-verified parent."""
+    """How the gateway's ``parent_turn_id`` hint compares with the verified parent."""
 
     NONE = "none"  # no hint
     CONFIRMED = "confirmed"  # the hint is the parent
@@ -108,6 +135,9 @@ class TreeNode:
         root_reason: for roots, why (``None`` for other nodes).
         hint: how the gateway's ``parent_turn_id`` compared.
         spawned_by: for a subagent's first call, the parent-agent turn that launched it.
+        link: how it is linked to its parent (``None`` for a root).
+        changes: for a ``history_rewritten`` link, how its prompt differs from the parent's
+            sampled ids (:class:`~clawrl.trajectory.history.HistoryChange` values).
     """
 
     turn: TurnRecord
@@ -119,6 +149,8 @@ class TreeNode:
     hint: HintCheck = HintCheck.NONE
     children: list[str] = field(default_factory=list)
     spawned_by: str | None = None
+    link: LinkKind | None = None
+    changes: tuple[str, ...] = ()
 
     @property
     def id(self) -> str:
@@ -170,6 +202,30 @@ class SessionTree:
             if child.status == TurnStatus.OK:
                 return child.id
         return children[0].id if children else None
+
+    def row_path(self, turn_id: str) -> list[str]:
+        """Turn ids from the start of ``turn_id``'s training row down to ``turn_id``: up its
+        ``prefix`` links only (a ``history_rewritten`` child does not contain its parent's ids,
+        so a row starts there)."""
+        node = self.nodes[turn_id]
+        out = [turn_id]
+        while node.link == LinkKind.PREFIX and node.parent_id is not None:
+            out.append(node.parent_id)
+            node = self.nodes[node.parent_id]
+        return out[::-1]
+
+    def row_ends(self) -> list[str]:
+        """Turns that end a training row (no child linked by ``prefix``), in depth-first order
+        over every link: roots by creation, :meth:`ordered_children`."""
+        out: list[str] = []
+        stack = list(reversed(self.roots))
+        while stack:
+            turn_id = stack.pop()
+            children = self.ordered_children(turn_id)
+            if not any(self.nodes[c].link == LinkKind.PREFIX for c in children):
+                out.append(turn_id)
+            stack.extend(reversed(children))
+        return out
 
     def ordered_children(self, turn_id: str) -> list[str]:
         """Children with :meth:`next_child` first, then the others in creation order."""
@@ -237,10 +293,16 @@ def build_tree(
     agent_roots: set[str] = set()  # agents that already have a root
     lengths: set[int] = set()
     encoded: dict[str, bytes] = {}
+    by_messages = _MessageIndex()
     next_segment = 0
     for turn in order:
         prompt_bytes = encode_ids(turn.prompt_ids)
         parent = _find_parent(turn, prompt_bytes, by_seq, lengths, encoded)
+        link = None if parent is None else LinkKind.PREFIX
+        seen = -1 if parent is None else len(nodes[parent].turn.request_messages)
+        rewritten = by_messages.find(turn, deeper_than=seen)
+        if rewritten is not None:
+            parent, link = rewritten, LinkKind.HISTORY_REWRITTEN
         reason = untrainable_reason(turn)
         hint = HintCheck.NONE
         if turn.parent_turn_id is not None:
@@ -267,7 +329,9 @@ def build_tree(
             roots.append(turn.id)
         else:
             up = nodes[parent]
-            node = TreeNode(turn, parent, up.segment, up.depth + 1, reason, None, hint)
+            node = TreeNode(turn, parent, up.segment, up.depth + 1, reason, None, hint, link=link)
+            if link == LinkKind.HISTORY_REWRITTEN:
+                node.changes = _recorded_changes(turn, parent)
             up.children.append(turn.id)
         nodes[turn.id] = node
         if turn.completion_ids:
@@ -276,8 +340,69 @@ def build_tree(
             seq = [*turn.prompt_ids, *turn.completion_ids]
             by_seq.setdefault(ids_digest(seq), []).append(turn)
             lengths.add(len(seq))
+            by_messages.add(turn)
     _drop_abandoned_retries(nodes)
     return SessionTree(session_id, nodes, roots, list(feedback))
+
+
+def _recorded_changes(turn: TurnRecord, parent_id: str) -> tuple[str, ...]:
+    """How ``turn``'s prompt differs from ``parent_id``'s sampled ids, as the gateway recorded it
+    (``client.history_link`` naming that parent), else ``("unknown",)``."""
+    fact = (turn.client or {}).get(HISTORY_LINK_FACT)
+    if isinstance(fact, dict) and fact.get("turn_id") == parent_id:
+        changes = fact.get("changes")
+        if isinstance(changes, list) and all(isinstance(c, str) for c in changes):
+            return tuple(changes)
+    return (HistoryChange.UNKNOWN.value,)
+
+
+class _MessageIndex:
+    """Earlier turns with an answer, by the digest of their messages + answer (step 2 of the
+    parent rule, :mod:`clawrl.trajectory.history`). Built lazily: a session whose turns all
+    extend their latest answer by ids never computes a message key."""
+
+    def __init__(self) -> None:
+        self._pending: list[TurnRecord] = []
+        self._by_digest: dict[str, list[tuple[TurnRecord, list[str]]]] = {}
+        self._lengths: set[int] = set()
+
+    def add(self, turn: TurnRecord) -> None:
+        """Index ``turn`` (one with completion ids) for the turns after it."""
+        self._pending.append(turn)
+
+    def _index_pending(self) -> None:
+        for turn in self._pending:
+            keys = answer_keys(turn.request_messages, turn.output)
+            if keys is None:
+                continue  # nothing a client could echo
+            self._by_digest.setdefault(key_digests(keys)[-1], []).append((turn, keys))
+            self._lengths.add(len(keys))
+        self._pending.clear()
+
+    def find(self, turn: TurnRecord, deeper_than: int) -> str | None:
+        """The turn ``turn`` continues by the message rule that saw more than ``deeper_than``
+        messages (the id parent's count; -1: there is none), or ``None``."""
+        messages = turn.request_messages
+        later = messages[deeper_than + 1 : -1]
+        if not any(isinstance(m, dict) and m.get("role") == "assistant" for m in later):
+            return None  # no answer deeper than the id parent's with a message after it
+        self._index_pending()
+        usable = sorted((k for k in self._lengths if deeper_than + 1 < k < len(messages)),
+                        reverse=True)  # fmt: skip
+        if not usable:
+            return None
+        keys = [message_key(m) for m in messages[: usable[0]]]
+        digests = key_digests(keys)
+        agent = _agent(turn)
+        for k in usable:
+            verified = [
+                t.id
+                for t, expected in self._by_digest.get(digests[k], ())
+                if expected == keys[:k] and _agent(t) == agent
+            ]
+            if verified:
+                return turn.parent_turn_id if turn.parent_turn_id in verified else verified[-1]
+        return None
 
 
 def _drop_abandoned_retries(nodes: dict[str, TreeNode]) -> None:

@@ -14,7 +14,7 @@ from rich.tree import Tree
 
 from clawrl.store import RolloutResult, SessionSource, Store
 from clawrl.trajectory.next_state import NextState, next_state
-from clawrl.trajectory.tree import SessionTree, TreeNode, load_tree
+from clawrl.trajectory.tree import LinkKind, SessionTree, TreeNode, load_tree
 
 PREVIEW_CHARS = 60
 
@@ -68,6 +68,8 @@ def _label(tree: SessionTree, node: TreeNode) -> Text:
         label.append(f"untrainable: {node.untrainable_reason}", style="red")
     if node.root_reason is not None and node.root_reason.value != "first":
         label.append(f" [{node.root_reason.value}]", style="yellow")
+    if node.link == LinkKind.HISTORY_REWRITTEN:
+        label.append(f" [history rewritten: {', '.join(node.changes)}]", style="yellow")
     if node.hint.value == "rejected":
         label.append(" [parent hint rejected]", style="yellow")
     if node.spawned_by is not None:
