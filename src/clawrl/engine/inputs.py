@@ -63,13 +63,14 @@ def next_token_prompts(prompts: Sequence[Sequence[int]], max_context: int) -> li
 
 
 def policy_eos_ids(policy: Any) -> frozenset[int]:
-    """The ids that end a completion for ``policy``: its tokenizer's EOS and its generation
-    config's (a chat model often ends turns with a second id, e.g. ``<|im_end|>``); vLLM stops
-    on both, so every backend must declare both."""
-    eos = {policy.tokenizer.eos_token_id}
-    gen_eos = getattr(getattr(policy.model, "generation_config", None), "eos_token_id", None)
-    if isinstance(gen_eos, int):
-        eos.add(gen_eos)
-    elif isinstance(gen_eos, list):
-        eos.update(gen_eos)
-    return frozenset(int(i) for i in eos if i is not None)
+    """The ids that end a completion for ``policy``: ``policy.stop_ids`` when the loader set
+    them (:func:`clawrl.models.stops.stop_ids`: EOS, the generation config's, the chat
+    template's end-of-turn tokens, ``model.stop_ids``), else derived the same way from its
+    tokenizer and model. Every backend must declare them all (vLLM is sent the ones it does not
+    stop on by itself)."""
+    declared = getattr(policy, "stop_ids", None)
+    if declared:
+        return frozenset(int(i) for i in declared)
+    from clawrl.models.stops import stop_ids
+
+    return stop_ids(policy.tokenizer, policy.model)

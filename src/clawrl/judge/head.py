@@ -30,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -59,6 +59,25 @@ _TENSORS = ("columns", "mean", "std", "weight", "bias")
 def default_head_path() -> Path:
     """The head set shipped with clawrl, trained for the embedded SmolLM2-135M-Instruct."""
     return Path(str(resources.files("clawrl") / "data" / "judge_head.safetensors"))
+
+
+def head_model_spec(path: str | Path) -> str:
+    """The judge model spec a head set file was trained on (its ``facts["model"]``, written by
+    ``clawrl judge train``; the embedded SmolLM2-135M for a file without one). Reads only the
+    file's metadata.
+
+    Raises:
+        JudgeError: the file is missing or unreadable.
+    """
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = json.loads((f.metadata() or {}).get("clawrl", "{}"))
+    except (OSError, ValueError, json.JSONDecodeError) as e:
+        raise JudgeError(f"cannot read the judge head {path}: {e}") from e
+    model = meta.get("facts", {}).get("model") if isinstance(meta, dict) else None
+    return str(model) if model else "smollm2-135m"
 
 
 def next_state_view(inp: JudgeInput) -> str:
@@ -123,8 +142,12 @@ class FeatureExtractor:
         return len(self.layers) * self.hidden
 
     @torch.no_grad()
-    def features(self, texts: Sequence[str]) -> Tensor:
-        """``[len(texts), dim]`` float32 features (layer blocks in ``layers`` order)."""
+    def features(
+        self, texts: Sequence[str], on_batch: Callable[[int, int], None] | None = None
+    ) -> Tensor:
+        """``[len(texts), dim]`` float32 features (layer blocks in ``layers`` order).
+
+        ``on_batch(done, total)`` is called after each forward pass (texts done so far)."""
         pad = self.tokenizer.pad_token_id
         if pad is None:
             pad = self.tokenizer.eos_token_id
@@ -149,6 +172,8 @@ class FeatureExtractor:
                 m = mask.unsqueeze(-1).to(hidden[0].dtype)
                 pooled = [(hidden[k] * m).sum(1) / m.sum(1) for k in self.layers]
                 out.append(torch.cat(pooled, dim=-1).float())
+                if on_batch is not None:
+                    on_batch(min(start + self.batch_size, len(order)), len(order))
         if not out:
             return torch.zeros(0, self.dim)
         features = torch.cat(out)

@@ -29,8 +29,27 @@ from clawrl.judge.head import FeatureExtractor, HeadSet, fit_probe, label_index,
 Progress = Callable[[str], None]
 
 
-def _features(extractor: FeatureExtractor, cases: Sequence[JudgeCase]) -> torch.Tensor:
-    return extractor.features([next_state_view(c.input) for c in cases])
+def _features(
+    extractor: FeatureExtractor,
+    cases: Sequence[JudgeCase],
+    progress: Progress = lambda line: None,
+    what: str = "cases",
+) -> torch.Tensor:
+    """Features of ``cases``, reporting about every 10 % with the time left (the judge model's
+    forward passes are most of a head's training time)."""
+    t0 = time.perf_counter()
+    step = max(1, len(cases) // 10)
+    marks = {"next": step}
+
+    def on_batch(done: int, total: int) -> None:
+        if done < marks["next"] and done < total:
+            return
+        marks["next"] = done + step
+        elapsed = time.perf_counter() - t0
+        left = elapsed / done * (total - done)
+        progress(f"{what}: {done}/{total} features, {elapsed:.0f} s, about {left:.0f} s left")
+
+    return extractor.features([next_state_view(c.input) for c in cases], on_batch)
 
 
 def _labels(cases: Sequence[JudgeCase]) -> torch.Tensor:
@@ -79,7 +98,8 @@ def train_head_set(
         raise ValueError("training a judge head needs train and val cases and probes >= 1")
     t0 = time.perf_counter()
     progress(f"features of {len(train)} train + {len(val)} val cases (judge model forward passes)")
-    x_train, x_val = _features(extractor, train), _features(extractor, val)
+    x_train = _features(extractor, train, progress, "train")
+    x_val = _features(extractor, val, progress, "val")
     y_train, y_val = _labels(train), _labels(val)
     progress(f"features done in {time.perf_counter() - t0:.0f} s")
     sets = feature_sets(extractor)

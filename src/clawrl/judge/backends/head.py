@@ -70,15 +70,16 @@ class HeadBackend:
             self.head.identity != self.extractor.identity
             or self.head.layers != self.extractor.layers
         ):
+            trained = self.head.facts.get("model", "smollm2-135m")
             raise JudgeError(
-                f"the judge head was trained for judge model {self.head.identity} (layers "
-                f"{self.head.layers}), but the judge model is {self.extractor.identity} (layers "
-                f"{self.extractor.layers}). For a policy fine-tuned from the model the head was "
-                "trained for (a merged export), judge with that base model (the shipped head's: "
-                "--set judge.model=smollm2-135m for serve, harness train and judge worker; "
-                "--model smollm2-135m for judge eval); for another model, train a head for it: "
-                "clawrl judge train --model SPEC --out FILE, then --set judge.backend.path=FILE "
-                "(judge eval: --head FILE)"
+                f"the judge head was trained on judge model {trained} ({self.head.identity}, "
+                f"layers {self.head.layers}), but it was given {model_name or 'another model'} "
+                f"({self.extractor.identity}, layers {self.extractor.layers}). The head reads "
+                "only the next state's text, so it judges any policy's turns with its own model: "
+                "leave judge.model unset (drop --judge-model / --set judge.model; judge eval: "
+                f"drop --model) and the judge loads {trained}. To judge with another model, "
+                "train a head for it: clawrl judge train --model SPEC --out FILE, then "
+                "--set judge.backend.path=FILE (judge eval: --head FILE)"
             )
         self.model = model_name
         self.min_confidence = self.head.min_confidence if min_confidence is None else min_confidence
