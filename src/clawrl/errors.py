@@ -82,6 +82,11 @@ class TrainerError(ClawrlError):
     """Training could not proceed (e.g. adapter keys do not match the model)."""
 
 
+class EvaluationError(ClawrlError):
+    """An evaluation could not score what it was asked to: the policy's calls failed. A failed
+    answer is never scored (as 0 or otherwise); the run stops with this error instead."""
+
+
 class HarnessError(ClawrlError):
     """An agent harness could not be started or failed inside its sandbox."""
 

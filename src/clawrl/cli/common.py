@@ -22,6 +22,38 @@ def add_config_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+MODEL_HELP = (
+    "the policy: smollm2-135m (embedded, default), gemma3-270m (embedded base model), a Hugging "
+    "Face model directory, a .gguf file (converted once and cached), or a hub id; check it "
+    "first with `clawrl doctor --model SPEC`"
+)
+"""``--model`` help, the same for every command that loads the policy."""
+
+
+def add_model_options(p: argparse.ArgumentParser, *, model_help: str = MODEL_HELP) -> None:
+    """``--model SPEC`` and ``--chat-template FILE`` (settings ``model.spec`` and
+    ``model.chat_template``; ``--set model.stop_ids=[ID, ...]`` adds stop ids)."""
+    p.add_argument("--model", metavar="SPEC", help=model_help)
+    p.add_argument(
+        "--chat-template",
+        metavar="FILE",
+        help="a chat template for the policy (a .jinja file, or a tokenizer_config.json holding "
+        "one) replacing its tokenizer's; a base model without a template needs one",
+    )
+
+
+def with_model_flags(cfg: Config, args: argparse.Namespace) -> Config:
+    """``cfg`` with ``--model`` / ``--chat-template`` applied (when given)."""
+    update = {}
+    if getattr(args, "model", None):
+        update["spec"] = args.model
+    if getattr(args, "chat_template", None):
+        update["chat_template"] = args.chat_template
+    if not update:
+        return cfg
+    return cfg.model_copy(update={"model": cfg.model.model_copy(update=update)})
+
+
 def config_from_args(args: argparse.Namespace) -> Config:
     """Settings from ``--config`` and ``--set``; raises ConfigError on bad input."""
     return load_config(args.config, args.overrides)

@@ -7,7 +7,14 @@ import sys
 import time
 from typing import Any
 
-from clawrl.cli.common import add_config_options, config_from_args, quiet_transformers
+from clawrl.cli.common import (
+    MODEL_HELP,
+    add_config_options,
+    add_model_options,
+    config_from_args,
+    quiet_transformers,
+    with_model_flags,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -46,9 +53,10 @@ config.toml (what ran), results.json, and each run's store and trained adapter u
     p.add_argument("--jobs", type=int, default=1,
                    help="runs at once (1); on 2 cores 2 runs take about as long together as "
                    "one after the other, but a 3-method x 3-seed comparison needs no babysitting")  # fmt: skip
-    p.add_argument("--steps", type=int, default=16, help="training steps (16)")
-    p.add_argument("--batch-size", type=int, default=4,
-                   help="samples per step (4 here to fit a laptop CPU; OpenClaw-RL uses 16)")  # fmt: skip
+    p.add_argument("--steps", type=int, help="training steps (16; --quick: 4)")
+    p.add_argument("--batch-size", type=int,
+                   help="samples per step (4 here to fit a laptop CPU; OpenClaw-RL uses 16; "
+                   "--quick: 2)")  # fmt: skip
     p.add_argument("--eval-problems", type=int,
                    help="held-out problems (the scenario's [problems] held_out: student 32, "
                    "teacher 50)")  # fmt: skip
@@ -58,7 +66,8 @@ config.toml (what ran), results.json, and each run's store and trained adapter u
     p.add_argument("--dataset", help="GSM8K-format JSONL (default: the scenario's problems)")
     p.add_argument("--out", default="demo-report", help="report directory (demo-report)")
     p.add_argument("--quick", action="store_true",
-                   help="a first look: 4 steps of 2 samples, evaluated at 0, 2, 4 on 20 problems")  # fmt: skip
+                   help="a first look: 4 steps of 2 samples, evaluated at 0, 2, 4 on 20 problems "
+                   "(--steps, --batch-size and --eval-problems given with it win)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="the first seed (0)")
     p.add_argument("--validation", action="store_true",
                    help="evaluate on validation problems carved out of the training split "
@@ -68,8 +77,21 @@ config.toml (what ran), results.json, and each run's store and trained adapter u
                    help="keep each run's store in this PostgreSQL database "
                    "(postgresql://USER@HOST:PORT/DB), one schema per run (clawrl_demo_METHOD_"
                    "seedN, emptied first); default: a SQLite file per run under --out")  # fmt: skip
+    add_model_options(
+        p, model_help=MODEL_HELP + " (the scenario's user, judge and rubric stay the same)"
+    )
     add_config_options(p)
     p.set_defaults(func=run)
+
+
+def run_shape(args: argparse.Namespace) -> tuple[int, int, int | None, tuple[int, int, int]]:
+    """``(steps, batch size, held-out problems or None for the scenario's, evaluated steps)``:
+    the flags given, else ``--quick``'s (4, 2, 20) or the defaults (16, 4, the scenario's)."""
+    quick = args.quick
+    steps = args.steps if args.steps is not None else (4 if quick else 16)
+    batch = args.batch_size if args.batch_size is not None else (2 if quick else 4)
+    problems = args.eval_problems if args.eval_problems is not None else (20 if quick else None)
+    return steps, batch, problems, (0, steps // 2, steps)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -91,17 +113,14 @@ def run(args: argparse.Namespace) -> int:
     from clawrl.envs import load_scenario
 
     logging.getLogger("clawrl").setLevel(logging.ERROR)
-    cfg = config_from_args(args)
+    cfg = with_model_flags(config_from_args(args), args)
     scenario = args.scenario_file or args.scenario
     spec = load_scenario(scenario)  # a malformed file fails here, before any model loads
     methods = tuple(m.strip() for m in (args.compare or args.method).split(",") if m.strip())
     bad = [m for m in methods if m not in METHOD_NAMES]
     if bad:
         raise SystemExit(f"clawrl demo: unknown method(s) {bad}; choose from rl, opd, combine")
-    steps, batch, problems = args.steps, args.batch_size, args.eval_problems
-    evals = (0, steps // 2, steps)
-    if args.quick:
-        steps, batch, problems, evals = 4, 2, 20, (0, 2, 4)
+    steps, batch, problems, evals = run_shape(args)
     seeds = tuple(range(args.seed, args.seed + max(1, args.seeds)))
     settings = DemoSettings(
         scenario=scenario, methods=methods, seeds=seeds, steps=steps, eval_steps=evals,

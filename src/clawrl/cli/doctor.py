@@ -8,15 +8,36 @@ import os
 import platform
 import shutil
 import sys
+from typing import Any
+
+from clawrl.cli.common import (
+    add_config_options,
+    add_model_options,
+    config_from_args,
+    quiet_transformers,
+    with_model_flags,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "doctor",
-        help="check Python, torch, the model cache, memory and optional backends",
+        help="check Python, torch, the model cache, memory and optional backends; with --model, "
+        "whether a model will work",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Print what clawrl finds on this machine. Exits 1 if something required "
-        "is missing (torch, transformers or the embedded model package).",
+        "is missing (torch, transformers or the embedded model package).\n\n"
+        "With --model SPEC it also loads that model and checks what clawrl needs of it: a chat "
+        "template, the stop ids (EOS and the template's end-of-turn token), a render -> parse "
+        "round trip of a conversation with a tool call, the context length, one short "
+        "generation, and which model judges it. Exits 1 if a check fails; each failed check "
+        "says what to do.",
+        epilog="examples:\n  clawrl doctor\n  clawrl doctor --model ./my-hf-model\n"
+        "  clawrl doctor --model model.gguf --chat-template gemma3.jinja\n"
+        "  clawrl doctor --model gemma3-270m",
     )
+    add_model_options(p)
+    add_config_options(p)
     p.set_defaults(func=run)
 
 
@@ -95,7 +116,30 @@ def run(args: argparse.Namespace) -> int:
         found = importlib.util.find_spec(mod) is not None
         row(mod, True if found else None, what + ("" if found else " (not installed)"))
     console.print(table)
+    if args.model or args.chat_template:
+        ok = _model_table(console, args) and ok
     return 0 if ok else 1
+
+
+def _model_table(console: Any, args: argparse.Namespace) -> bool:
+    """The ``--model`` checks (:mod:`clawrl.cli.doctor_model`) as a table; True if none failed."""
+    from rich.table import Table
+
+    from clawrl.cli.doctor_model import model_checks
+
+    quiet_transformers()
+    cfg = with_model_flags(config_from_args(args), args)
+    with console.status(f"checking {cfg.model.spec} (a GGUF file converts on its first load)"):
+        checks = model_checks(cfg)
+    table = Table(title=f"model {cfg.model.spec}", show_header=True)
+    table.add_column("check")
+    table.add_column("status")
+    table.add_column("detail", overflow="fold")
+    mark = {True: "[green]ok[/]", False: "[red]fails[/]", None: "[yellow]warning[/]"}
+    for c in checks:
+        table.add_row(c.name, mark[c.ok], c.detail)
+    console.print(table)
+    return all(c.ok is not False for c in checks)
 
 
 def _vllm() -> tuple[bool | None, str]:

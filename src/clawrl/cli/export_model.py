@@ -23,13 +23,22 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--version", type=int, required=True, help="policy version to export")
     p.add_argument("--output-dir", default="runs/online", help="the run's --output-dir")
     p.add_argument("--model", default="smollm2-135m", help="the base model spec of the run")
+    p.add_argument("--chat-template", metavar="FILE",
+                   help="the chat template the run served with (saved into the export, so the "
+                   "exported directory serves with it)")  # fmt: skip
     p.add_argument("--out", required=True, help="directory to write (must not exist)")
     p.add_argument("--adapter-only", action="store_true", help="copy the adapter, no merge")
     p.set_defaults(func=run)
 
 
 def export_model(
-    output_dir: str | Path, version: int, out: str | Path, *, model: str, adapter_only: bool
+    output_dir: str | Path,
+    version: int,
+    out: str | Path,
+    *,
+    model: str,
+    adapter_only: bool,
+    chat_template: str | None = None,
 ) -> Path:
     """Write version ``version`` of a run to ``out``; returns ``out``.
 
@@ -50,7 +59,7 @@ def export_model(
 
     from clawrl.models import load_policy
 
-    policy = load_policy(model)
+    policy = load_policy(model, chat_template=chat_template)
     merged = PeftModel.from_pretrained(policy.model, str(adapter)).merge_and_unload()
     merged.save_pretrained(out, safe_serialization=True)
     policy.tokenizer.save_pretrained(out)
@@ -60,6 +69,6 @@ def export_model(
 def run(args: argparse.Namespace) -> int:
     quiet_transformers()
     out = export_model(args.output_dir, args.version, args.out, model=args.model,
-                       adapter_only=args.adapter_only)  # fmt: skip
+                       adapter_only=args.adapter_only, chat_template=args.chat_template)  # fmt: skip
     print(f"wrote policy version {args.version} to {out}")
     return 0

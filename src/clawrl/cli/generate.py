@@ -6,7 +6,13 @@ import argparse
 import asyncio
 import sys
 
-from clawrl.cli.common import add_config_options, config_from_args, quiet_transformers
+from clawrl.cli.common import (
+    add_config_options,
+    add_model_options,
+    config_from_args,
+    quiet_transformers,
+    with_model_flags,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -19,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         epilog='example: clawrl generate --max-tokens 64 --temperature 0 "What is 2+2?"',
     )
     p.add_argument("prompt", help="the user message")
-    p.add_argument("--model", help="model spec (default: smollm2-135m, the embedded model)")
+    add_model_options(p)
     p.add_argument("--system", help="system prompt (default: the template's own)")
     p.add_argument("--max-tokens", type=int, default=128, help="new tokens at most (128)")
     p.add_argument("--temperature", type=float, default=None, help="0 = greedy (default 0.7)")
@@ -38,13 +44,13 @@ def run(args: argparse.Namespace) -> int:
 
     from clawrl.chat import ChatMessage, render_prompt
     from clawrl.engine import SamplingParams, TransformersEngine
-    from clawrl.models import load_policy
+    from clawrl.runtime import load_model
 
-    cfg = config_from_args(args)
-    spec = args.model or cfg.model.spec
+    cfg = with_model_flags(config_from_args(args), args)
+    spec = cfg.model.spec
     err = Console(stderr=True)
-    with err.status(f"loading {spec} (the first load converts the GGUF, ~20 s)"):
-        policy = load_policy(spec, dtype=cfg.model.dtype, device=cfg.model.device)
+    with err.status(f"loading {spec} (the first load of a GGUF converts it, 20-80 s)"):
+        policy = load_model(cfg)
     messages = []
     if args.system:
         messages.append(ChatMessage(role="system", content=args.system))

@@ -155,7 +155,12 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tasks", default="builtin", help="task suite dir, or 'builtin'")
     p.add_argument("--split", choices=["train", "heldout", "all"], help="task split")
     p.add_argument("--harness", default="reference", help="comma-separated adapters (reference)")
-    p.add_argument("--model", default="smollm2-135m", help="policy spec, or 'tiny' (tests)")
+    p.add_argument("--model", default="smollm2-135m",
+                   help="the policy: smollm2-135m (default), gemma3-270m, a Hugging Face model "
+                   "directory, a .gguf file, a hub id, or 'tiny' (tests)")  # fmt: skip
+    p.add_argument("--chat-template", metavar="FILE",
+                   help="a chat template replacing the policy tokenizer's (a base model needs "
+                   "one)")  # fmt: skip
     p.add_argument("--parallel", type=int, default=4, help="rollouts in flight (4)")
     p.add_argument(
         "--isolation", choices=["auto", "bwrap", "fallback"], default="auto", help="sandbox"
@@ -189,12 +194,17 @@ def _tasks(args: argparse.Namespace) -> list[Any]:
     return tasks[: args.limit] if args.limit else tasks
 
 
-def _policy(spec: str) -> Any:
-    from clawrl.cli.common import quiet_transformers
-    from clawrl.models import load_policy, tiny_policy
+def _policy(args: argparse.Namespace, cfg: Any = None) -> Any:
+    """The policy of ``--model`` / ``--chat-template`` (over ``cfg``'s model settings)."""
+    from clawrl.cli.common import quiet_transformers, with_model_flags
+    from clawrl.config import Config
+    from clawrl.models import tiny_policy
+    from clawrl.runtime import load_model
 
     quiet_transformers()
-    return tiny_policy(seed=0) if spec == "tiny" else load_policy(spec)
+    if args.model == "tiny":
+        return tiny_policy(seed=0)
+    return load_model(with_model_flags(cfg if cfg is not None else Config(), args))
 
 
 def _settings(args: argparse.Namespace, model_name: str) -> Any:
@@ -285,7 +295,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         "group_size": args.group_size, "trainer": cfg.trainer.model_dump(mode="json"),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }, indent=2, default=str))  # fmt: skip
-    policy = _policy(args.model)
+    policy = _policy(args, cfg)
     runtime = build_runtime(
         cfg, policy=policy, store=out / "store.db", online=False, model_name=policy.name
     )
@@ -502,7 +512,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     _check_run_model(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    policy = _policy(args.model)
+    policy = _policy(args)
     runtime = build_runtime(Config(), policy=policy, store=out / "store.db", model_name=policy.name)
     runs = []
     try:

@@ -247,7 +247,7 @@ def apply_flags(
             if args.judge_api_key_env:
                 backend["api_key_env"] = args.judge_api_key_env
         judge["backend"] = backend
-    elif getattr(args, "judge_model", None):
-        judge["model"] = args.judge_model
+    if getattr(args, "judge_model", None) and getattr(args, "judge", None) != "openai":
+        judge["model"] = args.judge_model  # a local judge's weights
     if getattr(args, "judge_votes", None):
         judge["votes"] = args.judge_votes

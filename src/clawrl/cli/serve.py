@@ -13,7 +13,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from clawrl.cli.common import STORE_HELP, add_config_options, quiet_transformers
+from clawrl.cli.common import (
+    STORE_HELP,
+    add_config_options,
+    add_model_options,
+    quiet_transformers,
+    with_model_flags,
+)
 from clawrl.cli.options import add_engine_options, add_online_options, config_with_flags
 from clawrl.errors import ConfigError
 
@@ -41,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "  clawrl serve --vllm-url http://gpu1:8000 --vllm-url http://gpu2:8000 --method rl",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--model", help="model spec (default: smollm2-135m, the embedded model)")
+    add_model_options(p)
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="TCP port (default 8000; 0 picks a free one)")
     p.add_argument("--store", help=STORE_HELP.replace("server.store, ", ""))
@@ -105,6 +111,14 @@ def request_line(turns: list[TurnRecord]) -> str:
         f"{len(first.prompt_ids)}+{completion} tokens {latency:.2f} s v{first.policy_version} "
         f"{statuses} {finish}{why}"
     )
+
+
+def error_line(method: str, path: str, status: int, message: str) -> str:
+    """One console line for a request answered with an error and no recorded turn, e.g.
+    ``19:04:11 POST /v1/chat/completions 400: messages[0].role: ...``."""
+    when = time.strftime("%H:%M:%S")
+    text = _printable(" ".join(message.split()))
+    return f"{when} {method} {_printable(path)} {status}: {text[:300]}"
 
 
 def version_line(record: PolicyVersionRecord) -> str:
@@ -182,9 +196,8 @@ def _url_host(host: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     cfg = config_with_flags(args)
+    cfg = with_model_flags(cfg, args)
     overrides: dict[str, object] = {}
-    if args.model:
-        overrides["model"] = cfg.model.model_copy(update={"spec": args.model})
     if args.store:
         overrides["server"] = cfg.server.model_copy(update={"store": args.store})
     cfg = cfg.model_copy(update=overrides)
@@ -251,6 +264,9 @@ def run(args: argparse.Namespace) -> int:
         if not args.quiet:
             runtime.app.state.gateway.turn_listeners.append(
                 lambda turns: print(request_line(turns), flush=True)
+            )
+            runtime.app.state.gateway.error_listeners.append(
+                lambda *error: print(error_line(*error), flush=True)
             )
         print(
             f"  curl -N {base}/chat/completions{auth} -H 'Content-Type: application/json' \\\n"

@@ -8,7 +8,13 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from clawrl.cli.common import STORE_HELP, add_config_options, quiet_transformers
+from clawrl.cli.common import (
+    STORE_HELP,
+    add_config_options,
+    add_model_options,
+    quiet_transformers,
+    with_model_flags,
+)
 from clawrl.cli.options import add_online_method_options, config_with_flags
 from clawrl.errors import ConfigError
 
@@ -34,7 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "      --output-dir /shared/runs/online --method combine --device cuda",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--model", help="model spec (default: smollm2-135m, the embedded model)")
+    add_model_options(p)
     p.add_argument("--store", help=STORE_HELP)
     p.add_argument("--device", help="cpu (default; gloo) or cuda (NCCL; rank i on cuda:i)")
     p.add_argument("--nproc", type=int, default=1, metavar="N",
@@ -81,10 +87,8 @@ def run(args: argparse.Namespace) -> int:
         cmd = torchrun_command(train_argv, args.nproc)
         print("clawrl train: " + " ".join(cmd), flush=True)
         os.execv(cmd[0], cmd)  # the same pid: stopping it stops torchrun and every rank
-    cfg = config_with_flags(args)
+    cfg = with_model_flags(config_with_flags(args), args)
     model, server = cfg.model, cfg.server
-    if args.model:
-        model = model.model_copy(update={"spec": args.model})
     if args.device:
         model = model.model_copy(update={"device": args.device})
     if args.store:

@@ -415,6 +415,12 @@ def write_report(
             "",
         ]
     notes = [r.note for r in results if r.note]
+    notes += [
+        f"{_name(r.method)} seed {r.seed}: {r.failed_sessions} of {r.sessions} training sessions "
+        f"stopped on a failed call (first: {r.session_error})"
+        for r in results
+        if r.failed_sessions
+    ]
     if notes:
         lines += ["Notes: " + "; ".join(notes), ""]
     (out / "report.md").write_text("\n".join(lines))

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from clawrl.config import Config, expand_method
 from clawrl.demo.stats import bootstrap_ci, sessions_to_converge
-from clawrl.errors import ConfigError
+from clawrl.errors import ConfigError, EvaluationError
 
 if TYPE_CHECKING:
     from clawrl.envs import EvalResult, ScenarioSpec, SessionLog
@@ -194,6 +194,9 @@ class MethodResult:
     judge: str = ""
     wall_s: float = 0.0
     note: str = ""
+    failed_sessions: int = 0
+    """Training sessions that stopped on a failed call (their first error: ``session_error``)."""
+    session_error: str | None = None
     eval_split: str = "held-out"
     """``held-out`` or ``validation`` (problems from the training split, for tuning)."""
 
@@ -260,6 +263,22 @@ def method_config(
 
 
 def _evaluation(ev: EvalResult, step: int, version: int, seed: int) -> Evaluation:
+    """The numbers of one evaluation.
+
+    Raises:
+        EvaluationError: an answer's call failed (it is never scored: a failure is no answer)
+            or the user could not rate an answer.
+    """
+    failed = [i for i in ev.items if i.error is not None or i.score is None]
+    if failed:
+        first = failed[0]
+        raise EvaluationError(
+            f"the evaluation of version {version} after step {step} failed: {len(failed)} of "
+            f"{len(ev.items)} held-out answers have no score (first, problem "
+            f"{first.problem_id}: {first.error or 'the user could not rate the answer'}). "
+            "Failures are not scored; fix the cause (the server log above; `clawrl doctor "
+            "--model SPEC` checks a model) and run again"
+        )
     scores = [float(i.score or 0.0) for i in ev.items]
     no_number = [i.error is None and not any(ch.isdigit() for ch in i.response) for i in ev.items]
     guards: dict[str, Any] = {
@@ -416,6 +435,9 @@ def run_method(
         result.drops = dict(status.drops)
         scores = {j.turn_id: j.score for j in runtime.store.iter_judgments()}
         result.agreement = judge_agreement(logs, scores).to_dict()
+        failed = [log.error for log in logs if log.error is not None]
+        result.failed_sessions = len(failed)
+        result.session_error = failed[0] if failed else None
         result.first_answers = _first_answers(logs)
         result.converge = converge_counts(result.first_answers, tuple(user.check_names))
         result.metrics = read_metrics(run_dir / "trainer" / "metrics.jsonl")

@@ -98,7 +98,9 @@ def create_app(
     )
     app.state.gateway = state
     install_error_handlers(
-        app, on_error=lambda kind: metrics.inc("clawrl_gateway_errors_total", kind=kind)
+        app,
+        on_error=lambda kind: metrics.inc("clawrl_gateway_errors_total", kind=kind),
+        on_answer=lambda *error: [listener(*error) for listener in state.error_listeners],
     )
     app.include_router(routes_clawrl.router)
     for router in (routes_openai.router, routes_anthropic.router, routes_responses.router):

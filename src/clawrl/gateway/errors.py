@@ -151,18 +151,31 @@ def client_shaped(
     return body
 
 
-def install_error_handlers(app: FastAPI, on_error: Any = None) -> None:
+def install_error_handlers(app: FastAPI, on_error: Any = None, on_answer: Any = None) -> None:
     """Register handlers that answer every error in OpenAI's shape (Anthropic's under the
     Anthropic routes, :func:`client_shaped`).
 
     Args:
         app: the FastAPI app.
         on_error: optional ``callable(kind: str)`` called once per error answered (metrics).
+        on_answer: optional ``callable(method, path, status, message)`` called once per error
+            answered that recorded no turn (``clawrl serve``'s console line for a refused
+            request; a prompt too long is recorded as an error turn, whose line says so).
     """
 
     def note(kind: str) -> None:
         if on_error is not None:
             on_error(kind)
+
+    def answered(request: Request, status: int, body: dict[str, Any]) -> None:
+        if on_answer is None:
+            return
+        err = body.get("error")
+        message = err.get("message", "") if isinstance(err, dict) else str(err)
+        try:
+            on_answer(request.method, request.url.path, status, str(message))
+        except Exception:  # a console line must never change the answer
+            log.exception("an error listener failed")
 
     async def clawrl_error(request: Request, exc: Exception) -> JSONResponse:
         status, body = status_and_body(exc)
@@ -170,6 +183,8 @@ def install_error_handlers(app: FastAPI, on_error: Any = None) -> None:
         if status >= 500:
             log.error("%s %s failed: %s", request.method, request.url.path, exc)
         headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, AuthError) else None
+        if not isinstance(exc, ContextLengthError | EngineError):  # those record a turn
+            answered(request, status, body)
         body = client_shaped(request.url.path, status, body, exc)
         return JSONResponse(body, status_code=status, headers=headers)
 
@@ -178,6 +193,7 @@ def install_error_handlers(app: FastAPI, on_error: Any = None) -> None:
         note(kind)
         code = "invalid_json" if kind == "invalid_json" else "invalid_value"
         body = error_body(message, "invalid_request_error", param=param, code=code)
+        answered(request, 400, body)
         return JSONResponse(client_shaped(request.url.path, 400, body), status_code=400)
 
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -188,6 +204,7 @@ def install_error_handlers(app: FastAPI, on_error: Any = None) -> None:
         if exc.status_code == 404:
             message = f"no route {request.method} {request.url.path} ({message})"
         body = error_body(message, type_, code=code)
+        answered(request, exc.status_code, body)
         return JSONResponse(
             client_shaped(request.url.path, exc.status_code, body),
             status_code=exc.status_code,
@@ -198,6 +215,7 @@ def install_error_handlers(app: FastAPI, on_error: Any = None) -> None:
         log.exception("unhandled error in %s %s", request.method, request.url.path)
         note("internal")
         body = error_body(f"internal error: {type(exc).__name__}: {exc}", "server_error")
+        answered(request, 500, body)
         return JSONResponse(client_shaped(request.url.path, 500, body, exc), status_code=500)
 
     for cls in (ClientInputError, EngineError, StoreError):

@@ -28,6 +28,8 @@ class GatewayState:
         started_at: seconds since the epoch when the app was created.
         turn_listeners: called with each request's recorded turns, after they are durable
             (``clawrl serve``'s console line per request).
+        error_listeners: called with ``(method, path, status, message)`` for each error
+            answered without a recorded turn (a refused request's console line).
     """
 
     engine: Engine
@@ -39,6 +41,7 @@ class GatewayState:
     metrics: Metrics = field(default_factory=Metrics)
     started_at: float = field(default_factory=time.time)
     turn_listeners: list[Callable[[list[TurnRecord]], None]] = field(default_factory=list)
+    error_listeners: list[Callable[[str, str, int, str], None]] = field(default_factory=list)
 
     @property
     def stop_token_ids(self) -> frozenset[int]:
