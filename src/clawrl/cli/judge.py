@@ -56,7 +56,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     e.add_argument("--head", metavar="FILE", help="head backend: a `clawrl judge train` file")
     e.add_argument("--votes", type=int, default=5, metavar="M", help="votes per judgment (5)")
-    e.add_argument("--model", help="local judge model spec (default: smollm2-135m)")
+    e.add_argument(
+        "--model", help="the judge's own model (default: the head's; choice/generative: smollm2-135m)"
+    )
     e.add_argument("--judge-url", help="openai backend: API base, e.g. http://127.0.0.1:8000/v1")
     e.add_argument("--judge-model", help="openai backend: the request's model name")
     e.add_argument(
@@ -214,12 +216,12 @@ def run_eval(args: argparse.Namespace) -> int:
         cases = cases[: args.limit]
     err = Console(stderr=True)
     cfg = config_from_args(args) if args.backend != "openai" else Config()
-    if args.model:
-        cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"spec": args.model})})
+    # --model names the judge's own model: explicit, so a head trained on another backbone is
+    # refused (runtime.judge_model_spec); unset, the head reads the model it was trained on
     cfg = cfg.model_copy(
         update={
             "judge": JudgeConfig(
-                backend=backend_cfg, model=None, votes=args.votes, timeout_s=args.timeout
+                backend=backend_cfg, model=args.model, votes=args.votes, timeout_s=args.timeout
             )
         }
     )
