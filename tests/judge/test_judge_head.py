@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 
 import pytest
 import torch
@@ -93,6 +94,31 @@ def test_votes_are_independent_probes(tiny_head):
     assert [r["probe"] for r in raws] == [p.name for p in head.probes]
     assert len({tuple(r[c.label] for c in CLASSES) for r in raws}) == 6  # six different judgments
     assert all(v.score is not None for v in votes)
+
+
+def test_the_judge_model_runs_in_a_thread_that_ends(tiny_head, monkeypatch):
+    """A live thread that ran the judge model would keep an OpenMP team slowing the policy
+    engine's thread (clawrl.engine.threads): each forward pass gets a thread of its own."""
+    policy, _, _, path = tiny_head
+    backend = HeadBackend(policy.model, policy.tokenizer, head=path, min_confidence=0.0)
+    threads: list[threading.Thread] = []
+    features = backend.extractor.features
+
+    def recording(views):
+        threads.append(threading.current_thread())
+        return features(views)
+
+    monkeypatch.setattr(backend.extractor, "features", recording)
+
+    async def two_judgments():
+        for text in ("no, that's wrong", "thanks, perfect"):
+            await backend.votes(_inp(NextStateRole.USER, text), range(2))
+
+    asyncio.run(two_judgments())
+    assert len(threads) == 2 and threads[0] is not threads[1]
+    for thread in threads:
+        thread.join(timeout=5)
+        assert thread is not threading.main_thread() and not thread.is_alive()
 
 
 def test_low_confidence_votes_abstain(tiny_head):

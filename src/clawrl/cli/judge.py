@@ -57,7 +57,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     e.add_argument("--head", metavar="FILE", help="head backend: a `clawrl judge train` file")
     e.add_argument("--votes", type=int, default=5, metavar="M", help="votes per judgment (5)")
     e.add_argument(
-        "--model", help="the judge's own model (default: the head's; choice/generative: smollm2-135m)"
+        "--model",
+        help="the judge's own model (default: the head's; choice/generative: smollm2-135m)",
     )
     e.add_argument("--judge-url", help="openai backend: API base, e.g. http://127.0.0.1:8000/v1")
     e.add_argument("--judge-model", help="openai backend: the request's model name")

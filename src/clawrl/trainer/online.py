@@ -28,6 +28,7 @@ from typing import Any
 
 from clawrl.config import SampleNeeds, TrainerConfig
 from clawrl.engine import Engine
+from clawrl.engine.threads import in_transient_thread
 from clawrl.errors import ClawrlError
 from clawrl.store import DropReason, JudgmentRecord, SampleRecord, Store, TurnRecord
 from clawrl.trainer.metrics import MetricsWriter
@@ -213,12 +214,14 @@ class OnlineLearner:
             turn_ids = list(self._ready)[: self.config.batch_size]
             samples = [self._ready[t] for t in turn_ids]
             t0 = time.perf_counter()
-            metrics = await asyncio.to_thread(self.trainer.train_step, samples)
+            # torch work in threads that end with it: a live one keeps an OpenMP team that
+            # slows the serving engine's thread between steps too (clawrl.engine.threads)
+            metrics = await in_transient_thread(self.trainer.train_step, samples)
             version = self.trainer.policy_version + 1
-            weights = await asyncio.to_thread(self.trainer.save_weights, version)
+            weights = await in_transient_thread(self.trainer.save_weights, version)
             self.trainer.policy_version = version
             if self.trainer.step % max(1, self.config.checkpoint_every) == 0:
-                await asyncio.to_thread(self.trainer.save_checkpoint, {"turn_ids": turn_ids})
+                await in_transient_thread(self.trainer.save_checkpoint, {"turn_ids": turn_ids})
             await asyncio.to_thread(
                 self.store.record_samples, trained_records(turn_ids, self.trainer.step, version)
             )

@@ -1,6 +1,7 @@
 """The trained judge backend: m votes from m probes on the judge model's hidden states.
 
-One forward pass of the frozen judge model per judgment (in a worker thread; the model is the
+One forward pass of the frozen judge model per judgment (in a thread of its own that ends with it,
+:func:`clawrl.engine.threads.in_transient_thread`; the model is the
 backend's own copy), then each vote ``i`` is probe ``i`` of the :class:`~clawrl.judge.head.
 HeadSet` — its own feature set and bootstrap resample, so the votes are independent
 classifiers. A vote below the head set's ``min_confidence`` abstains (``low_margin``). A
@@ -14,13 +15,13 @@ and the judge keeps a hint that a quorum of votes carries
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from clawrl.engine.threads import in_transient_thread
 from clawrl.errors import JudgeError
 from clawrl.judge.backends.base import failed_vote
 from clawrl.judge.head import CLASSES, FeatureExtractor, HeadSet, default_head_path, next_state_view
@@ -95,7 +96,11 @@ class HeadBackend:
             return [self._vote(i, rule.score, rule.detail, {"rule": rule.rule}) for i in indices]
         start = time.perf_counter()
         try:
-            features = await asyncio.to_thread(self.extractor.features, [next_state_view(inp)])
+            # a thread that ends with the call: a live one would keep an OpenMP team that slows
+            # the policy engine's thread for good (clawrl.engine.threads)
+            features = await in_transient_thread(
+                self.extractor.features, [next_state_view(inp)], name="clawrl-judge-head"
+            )
         except (RuntimeError, ValueError) as e:  # the model failed on this input
             return [
                 failed_vote(i, AbstainReason.BACKEND_ERROR, f"judge model: {e}") for i in indices
