@@ -14,10 +14,11 @@ seven architectures, ``tiny:ARCH``, hidden size ``--tiny-hidden``, ``--tiny-laye
   teams on a machine with few cores slow every op: ``clawrl.engine.threads``. The column
   "engine, other team alive" shows that effect: the engine while a second thread that ran one
   forward pass is still alive.)
-* **gateway added**: ``--latency-requests`` sequential chat completions of ``--latency-tokens``
-  tokens through clawrl's gateway (uvicorn in a thread of this process, as ``clawrl serve``
+* **gateway added**: ``--latency-requests`` sequential chat completions of at most
+  ``--latency-tokens`` tokens through clawrl's gateway (uvicorn in a thread of this process, as ``clawrl serve``
   runs it, recording every turn in SQLite) in front of the engine; after each, the same prompt
-  ids through ``engine.generate`` alone, sampling as many tokens with the same seed. Median and
+  ids through ``engine.generate`` alone, sampling as many tokens with the same seed (the turn
+  is found by the ``x-clawrl-turn-ids`` header). Median and
   mean of the paired differences, in ms.
 
 Concurrency (first model only, ``--concurrency``): generated tokens/s of the engine serving N
@@ -114,6 +115,12 @@ def engine_tok_s(engine: Engine, ps: list[list[int]], new: int) -> float:
 
 def hf_tok_s(model: Any, ps: list[list[int]], new: int) -> float:
     """``model.generate`` one request at a time (no batching): generated tokens/s."""
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(
+        max_new_tokens=new, min_new_tokens=new, do_sample=True, temperature=0.7, top_k=0,
+        top_p=1.0, pad_token_id=0, eos_token_id=model.config.eos_token_id,
+    )  # fmt: skip
     t = time.perf_counter()
     total = 0
     with torch.no_grad():
@@ -121,13 +128,7 @@ def hf_tok_s(model: Any, ps: list[list[int]], new: int) -> float:
             out = model.generate(
                 torch.tensor([p]),
                 attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                max_new_tokens=new,
-                min_new_tokens=new,
-                do_sample=True,
-                temperature=0.7,
-                top_k=0,
-                top_p=1.0,
-                pad_token_id=0,
+                generation_config=config,  # nothing else from the model's generation_config
             )
             total += out.shape[1] - len(p)
     return total / (time.perf_counter() - t)
@@ -205,10 +206,11 @@ def gateway_added(policy: Any, args: argparse.Namespace) -> list[float]:
                         "messages": [{"role": "user", "content": f"{q} (request {i})"}],
                     }
                     t = time.perf_counter()
-                    client.post("/chat/completions", json=body).raise_for_status()
+                    response = client.post("/chat/completions", json=body)
                     via = time.perf_counter() - t
-                    turns = [t for s in store.session_ids() for t in store.session_turns(s)]
-                    turn = max(turns, key=lambda t: t.created_at)
+                    response.raise_for_status()
+                    turn = store.get_turn(response.headers["x-clawrl-turn-ids"])
+                    assert turn is not None
                     params = SamplingParams(
                         max_tokens=len(turn.completion_ids), temperature=0.7, seed=i,
                         ignore_eos=True,
@@ -238,6 +240,9 @@ def concurrency(policy: Any, args: argparse.Namespace, levels: list[int]) -> dic
     table["generate, 1 at a time"] = [base] * len(levels)
     if args.vllm or args.vllm_url:
         from clawrl.engine.vllm import VLLMEngine, VLLMServer
+
+        if args.vllm and policy.path is None:
+            raise SystemExit("--vllm launches a server of the first model: make it a saved model")
 
         server = None
         url = args.vllm_url

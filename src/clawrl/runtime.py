@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from clawrl.config import Config
 from clawrl.engine import Engine
+from clawrl.engine.threads import call_in_transient_thread
 from clawrl.errors import ConfigError
 from clawrl.store import Store
 from clawrl.trainer.judge_worker import JudgeFn
@@ -266,7 +267,10 @@ class Runtime:
 
     def resume(self) -> int:
         """Restore the online loop's latest checkpoint (if any): the policy version served."""
-        return self.service.resume() if self.service is not None else self.engine.policy_version
+        if self.service is None:
+            return self.engine.policy_version
+        # a thread that ends with it, like the rest of the torch work (clawrl.engine.threads)
+        return call_in_transient_thread(self.service.resume, name="clawrl-resume")
 
     def serve(self, host: str = "127.0.0.1", port: int = 0) -> LiveServer:
         """A started :class:`clawrl.gateway.server.LiveServer` for the app (online loop on)."""
@@ -345,8 +349,11 @@ def build_runtime(
         if not isinstance(store, Store):  # first: a bad store URL fails before the model loads
             store = Store(store if store is not None else config.server.store)
             owned.append(store.close)
+        # torch work (loading, building the trainer and the judge) runs in threads that end
+        # with it: the main thread would keep an OpenMP team that slows the engine's thread
+        # as long as the server runs (clawrl.engine.threads)
         if policy is None:
-            policy = load_model(config)
+            policy = call_in_transient_thread(load_model, config, name="clawrl-load")
         engine = build_engine(policy, config)
         owned.append(engine.close)
         service: OnlineService | None = None
@@ -355,22 +362,27 @@ def build_runtime(
             from clawrl.trainer.service import OnlineService
 
             if judge is None:
-                judge = build_judge(config)
+                judge = call_in_transient_thread(build_judge, config, name="clawrl-load")
                 owned.append(judge.close)
-            service = OnlineService(
-                store, engine, policy, judge.judge, config.trainer,
+            judged_by = judge.judge
+            service = call_in_transient_thread(lambda: OnlineService(
+                store, engine, policy, judged_by, config.trainer,
                 judge_timeout_s=config.judge.timeout_s,
-            )  # fmt: skip
+            ), name="clawrl-load")  # fmt: skip
         elif method.trains and not online:  # harness mode: the caller steps this trainer
             from clawrl.trainer import Trainer
 
-            trainer = Trainer(policy.model, config.trainer, policy_version=engine.policy_version)
+            start = engine.policy_version
+            trainer = call_in_transient_thread(
+                lambda: Trainer(policy.model, config.trainer, policy_version=start),
+                name="clawrl-load",
+            )
             if method.needs.step_scores and judge is None:  # PRM + outcome judges each turn
-                judge = build_judge(config)
+                judge = call_in_transient_thread(build_judge, config, name="clawrl-load")
                 owned.append(judge.close)
         learner = service.trainer if service is not None else trainer
         if learner is not None:
-            _serve_base_through_zero_adapter(engine, learner, config)
+            call_in_transient_thread(_serve_base_through_zero_adapter, engine, learner, config)
         name = model_name or (Path(spec).name if Path(spec).is_dir() else spec)
         lifespan = service.lifespan if service is not None else None
         follower = None

@@ -113,12 +113,13 @@ def test_the_judge_model_runs_in_a_thread_that_ends(tiny_head, monkeypatch):
     async def two_judgments():
         for text in ("no, that's wrong", "thanks, perfect"):
             await backend.votes(_inp(NextStateRole.USER, text), range(2))
+        # inside the loop: asyncio.run joins an executor's idle workers on its way out
+        for thread in threads:
+            thread.join(timeout=3)
+            assert thread is not threading.main_thread() and not thread.is_alive()
 
     asyncio.run(two_judgments())
-    assert len(threads) == 2 and threads[0] is not threads[1]
-    for thread in threads:
-        thread.join(timeout=5)
-        assert thread is not threading.main_thread() and not thread.is_alive()
+    assert len(threads) == 2
 
 
 def test_low_confidence_votes_abstain(tiny_head):

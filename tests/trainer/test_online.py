@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -114,6 +115,31 @@ def test_combine_step_trains_publishes_and_counts_drops(world):
     rows = read_metrics(tmp / "out" / "metrics.jsonl")
     assert len(rows) == 1 and rows[0]["step"] == 1 and "kl/mismatch" in rows[0]
     assert asyncio.run(learner.collect()) == 0  # nothing is decided twice
+
+
+def test_training_steps_run_in_threads_that_end(world, monkeypatch):
+    """A live thread that ran a training step would keep an OpenMP team slowing the serving
+    engine between steps (clawrl.engine.threads)."""
+    policy, engine, store, tmp = world
+    _record(policy, engine, store, 2, score=1)
+    learner = _learner(policy, engine, store, tmp, batch=2)
+    threads: list[threading.Thread] = []
+    step = learner.trainer.train_step
+
+    def recording(samples):
+        threads.append(threading.current_thread())
+        return step(samples)
+
+    monkeypatch.setattr(learner.trainer, "train_step", recording)
+
+    async def go():
+        assert await learner.collect() == 2
+        assert await learner.step_if_ready() is not None
+        (thread,) = threads
+        thread.join(timeout=3)  # inside the loop: an executor's worker would still be alive
+        assert thread is not threading.main_thread() and not thread.is_alive()
+
+    asyncio.run(go())
 
 
 def test_rl_and_opd_methods_drop_what_they_cannot_use(world):

@@ -58,7 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     e.add_argument("--votes", type=int, default=5, metavar="M", help="votes per judgment (5)")
     e.add_argument(
         "--model",
-        help="the judge's own model (default: the head's; choice/generative: smollm2-135m)",
+        help="the judge's own model (default: the head's; choice/generative: model.spec)",
     )
     e.add_argument("--judge-url", help="openai backend: API base, e.g. http://127.0.0.1:8000/v1")
     e.add_argument("--judge-model", help="openai backend: the request's model name")

@@ -1,22 +1,26 @@
-"""Torch work off the event loop without slowing the engine thread afterwards.
+"""Torch work outside the engine thread, in threads that end with it.
 
 PyTorch's CPU build runs its intra-op parallelism on OpenMP (libgomp). Every thread that runs a
 parallel op gets its own OpenMP team, which lives as long as the thread. Once the process holds
 more OpenMP threads than it has cores, libgomp spins only briefly before a waiting worker sleeps
-(GCC's ``GOMP_SPINCOUNT`` documentation: 100 spins instead of 300,000 by default), so every parallel op
-in every thread pays for waking its workers, for as long as the extra team lives. Measured with
-``benchmarks/engine_throughput.py`` on a 2-core machine: one stream of the in-process engine on
-SmolLM2-135M gave 26.4 tok/s alone and 16.1 while a second thread that had run one forward pass
-was still alive (an ``asyncio.to_thread`` worker, for example, lives until its loop closes).
+(GCC's ``GOMP_SPINCOUNT`` documentation: 100 spins instead of 300,000 by default), so every
+parallel op in every thread pays for waking its workers, for as long as the extra team lives.
+Measured with ``benchmarks/engine_throughput.py`` on a 2-core machine: one stream of the
+in-process engine on SmolLM2-135M gave 26.4 tok/s alone and 16.1 while a second thread that had
+run one forward pass was still alive (an ``asyncio.to_thread`` worker, for example, lives until
+its loop closes, and the main thread of ``clawrl serve`` lives as long as the server).
 
-:func:`in_transient_thread` therefore runs a blocking call (a judge model's forward pass) in a
-new thread that ends with the call, so its OpenMP team ends too. Starting a thread costs ~0.1 ms,
-nothing next to a forward pass.
+So the engine's thread should be the only long-lived thread that runs torch ops: a judge
+model's forward pass, a training step, loading a model or building a trainer run through
+:func:`in_transient_thread` (from asyncio) or :func:`call_in_transient_thread` (blocking), in a
+new thread that ends with the call, and its OpenMP team with it. A thread costs ~0.1 ms to
+start, nothing next to a forward pass.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -24,12 +28,41 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
-async def in_transient_thread(fn: Callable[..., T], *args: Any, name: str = "clawrl-call") -> T:
+def call_in_transient_thread(fn: Callable[..., T], *args: Any, name: str = "clawrl-call") -> T:
+    """``fn(*args)`` in a new thread that ends with it; blocks until then.
+
+    An exception ``fn`` raises is raised here. A signal handler that raises while this waits
+    (``SystemExit`` on SIGTERM) interrupts the wait; ``fn`` then runs on, in a daemon thread.
+    """
+    box: list[tuple[Any, BaseException | None]] = []
+
+    def run() -> None:
+        try:
+            box.append((fn(*args), None))
+        except BaseException as e:  # handed to the caller, raised there
+            box.append((None, e))
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    thread.join()
+    result, error = box[0]
+    if error is not None:
+        raise error
+    return result  # type: ignore[no-any-return]
+
+
+async def in_transient_thread(
+    fn: Callable[..., T], *args: Any, name: str = "clawrl-call", finish_on_cancel: bool = False
+) -> T:
     """``await fn(*args)`` run in a new daemon thread that ends when ``fn`` returns.
 
     Use it instead of ``asyncio.to_thread`` for calls that run torch ops (see the module doc).
-    An exception ``fn`` raises is raised here. If the awaiting task is cancelled, ``fn`` still
-    runs to its end in its thread and its result is dropped.
+    An exception ``fn`` raises is raised here.
+
+    Args:
+        finish_on_cancel: if the awaiting task is cancelled, wait for ``fn`` to end before the
+            cancellation goes on (a training step must not outlive the loop that started it);
+            otherwise (a judgment that timed out) return at once and drop ``fn``'s result.
     """
     loop = asyncio.get_running_loop()
     done: asyncio.Future[T] = loop.create_future()
@@ -49,8 +82,21 @@ async def in_transient_thread(fn: Callable[..., T], *args: Any, name: str = "cla
             outcome: tuple[Any, BaseException | None] = (None, e)
         else:
             outcome = (result, None)
-        if not loop.is_closed():
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
             loop.call_soon_threadsafe(settle, *outcome)
 
     threading.Thread(target=run, name=name, daemon=True).start()
-    return await done
+    if not finish_on_cancel:
+        return await done
+    cancelled = False
+    while True:
+        try:
+            result = await asyncio.shield(done)
+            break
+        except asyncio.CancelledError:
+            if done.done() and not done.cancelled():
+                raise  # fn had ended: the cancellation is the waiter's own
+            cancelled = True  # fn still runs: wait for it, then go on cancelling
+    if cancelled:
+        raise asyncio.CancelledError
+    return result

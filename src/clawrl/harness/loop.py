@@ -37,6 +37,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from clawrl.engine import Engine
+from clawrl.engine.threads import call_in_transient_thread
 from clawrl.errors import ConfigError, EngineError
 from clawrl.harness.adapters import Adapter, get_adapter
 from clawrl.harness.groups import GroupSelection, select_groups
@@ -345,10 +346,12 @@ def _train_steps(
             metrics["group/kept_by_step_scores"] = float(chosen_groups.kept_by_step_scores)
             metrics["time/judge"] = t_judge
         if built.samples:
-            trained = trainer.train_step(built.samples)
+            # in threads that end with the call: the main thread would keep an OpenMP team that
+            # slows the engine's rollouts (clawrl.engine.threads)
+            trained = call_in_transient_thread(trainer.train_step, built.samples)
             trained["trainer/step"] = trained.pop("step", 0.0)  # the row's "step" is the loop's
             metrics.update(trained)
-            version = trainer.publish(engine)
+            version = call_in_transient_thread(trainer.publish, engine)
             wait_for_version(engine, version)
             metrics["policy/version"] = float(version)
         else:

@@ -216,12 +216,18 @@ class OnlineLearner:
             t0 = time.perf_counter()
             # torch work in threads that end with it: a live one keeps an OpenMP team that
             # slows the serving engine's thread between steps too (clawrl.engine.threads)
-            metrics = await in_transient_thread(self.trainer.train_step, samples)
+            metrics = await in_transient_thread(
+                self.trainer.train_step, samples, finish_on_cancel=True
+            )
             version = self.trainer.policy_version + 1
-            weights = await in_transient_thread(self.trainer.save_weights, version)
+            weights = await in_transient_thread(
+                self.trainer.save_weights, version, finish_on_cancel=True
+            )
             self.trainer.policy_version = version
             if self.trainer.step % max(1, self.config.checkpoint_every) == 0:
-                await in_transient_thread(self.trainer.save_checkpoint, {"turn_ids": turn_ids})
+                await in_transient_thread(
+                    self.trainer.save_checkpoint, {"turn_ids": turn_ids}, finish_on_cancel=True
+                )
             await asyncio.to_thread(
                 self.store.record_samples, trained_records(turn_ids, self.trainer.step, version)
             )
