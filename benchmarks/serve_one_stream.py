@@ -58,7 +58,13 @@ def measure(clawrl: Path, serve_args: list[str], requests: int, tokens: int) -> 
                     rates.append(r.usage.completion_tokens / dt)
         finally:
             proc.send_signal(signal.SIGINT)
-            proc.wait(timeout=120)
+            try:
+                proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if not rates:
+            raise SystemExit(f"{clawrl} serve reported no usage: no tokens/s to show")
         return rates
 
 

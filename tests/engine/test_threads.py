@@ -58,7 +58,7 @@ def test_the_blocking_form_runs_in_a_thread_that_ends():
 
 def _slow(started: threading.Event, finished: threading.Event) -> int:
     started.set()
-    time.sleep(0.3)
+    time.sleep(1.0)
     finished.set()
     return 1
 
@@ -71,9 +71,11 @@ def test_a_cancelled_waiter_returns_at_once_and_leaves_no_error_behind():
     async def go() -> None:
         asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: errors.append(ctx))
         with pytest.raises(TimeoutError):
-            await asyncio.wait_for(in_transient_thread(_slow, started, finished), timeout=0.05)
+            await asyncio.wait_for(
+                in_transient_thread(_slow, started, finished, name="clawrl-test-slow"), timeout=0.05
+            )
         assert not finished.is_set()  # it did not wait for the call
-        (thread,) = [t for t in threading.enumerate() if t.name == "clawrl-call"]
+        (thread,) = [t for t in threading.enumerate() if t.name == "clawrl-test-slow"]
         assert _ended(thread) and finished.is_set()
         await asyncio.sleep(0)  # the call's settle callback runs on a cancelled future
         await asyncio.sleep(0)
@@ -95,5 +97,23 @@ def test_finish_on_cancel_waits_for_the_call_before_cancelling():
         with pytest.raises(asyncio.CancelledError):
             await task
         assert finished.is_set()
+
+    asyncio.run(go())
+
+
+def test_a_cancel_stays_a_cancel_when_the_call_then_fails():
+    started = threading.Event()
+
+    def fails_later() -> None:
+        started.set()
+        time.sleep(0.3)
+        raise ValueError("the step failed")
+
+    async def go() -> None:
+        task = asyncio.ensure_future(in_transient_thread(fails_later, finish_on_cancel=True))
+        await asyncio.to_thread(started.wait, 5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
 
     asyncio.run(go())

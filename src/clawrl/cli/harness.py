@@ -198,13 +198,17 @@ def _policy(args: argparse.Namespace, cfg: Any = None) -> Any:
     """The policy of ``--model`` / ``--chat-template`` (over ``cfg``'s model settings)."""
     from clawrl.cli.common import quiet_transformers, with_model_flags
     from clawrl.config import Config
+    from clawrl.engine.threads import call_in_transient_thread
     from clawrl.models import tiny_policy
     from clawrl.runtime import load_model
 
     quiet_transformers()
+    # loaded in a thread that ends: the main thread would keep an OpenMP team that slows the
+    # engine's rollouts (clawrl.engine.threads)
     if args.model == "tiny":
-        return tiny_policy(seed=0)
-    return load_model(with_model_flags(cfg if cfg is not None else Config(), args))
+        return call_in_transient_thread(lambda: tiny_policy(seed=0))
+    config = with_model_flags(cfg if cfg is not None else Config(), args)
+    return call_in_transient_thread(load_model, config)
 
 
 def _settings(args: argparse.Namespace, model_name: str) -> Any:

@@ -238,8 +238,12 @@ def run(args: argparse.Namespace) -> int:
         name = runtime.model_name
         if runtime.service is not None:
             service = runtime.service
-            with err.status("resuming from the latest checkpoint"):
-                version = runtime.resume()
+            previous = signal.signal(signal.SIGTERM, terminate)  # unwinds to runtime.close()
+            try:
+                with err.status("resuming from the latest checkpoint"):
+                    version = runtime.resume()
+            finally:
+                signal.signal(signal.SIGTERM, previous)
             service.on_step(lambda m: print(service.step_line(m), flush=True))
             judge = runtime.judge.description if runtime.judge is not None else ""
             print(

@@ -490,12 +490,14 @@ def run_demo(
     """
     from concurrent.futures import ThreadPoolExecutor
 
+    from clawrl.engine.threads import call_in_transient_thread
     from clawrl.envs import load_scenario
     from clawrl.runtime import build_judge
 
     spec = load_scenario(settings.scenario)
     own = judge is None
-    bundle = build_judge(cfg) if judge is None else judge
+    # built in a thread that ends, as clawrl serve does (clawrl.engine.threads)
+    bundle = call_in_transient_thread(build_judge, cfg) if judge is None else judge
     runs = [(seed, method) for seed in settings.seeds for method in settings.methods]
 
     def one(seed: int, method: str) -> MethodResult:

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 def call_in_transient_thread(fn: Callable[..., T], *args: Any, name: str = "clawrl-call") -> T:
@@ -94,9 +96,14 @@ async def in_transient_thread(
             result = await asyncio.shield(done)
             break
         except asyncio.CancelledError:
-            if done.done() and not done.cancelled():
+            if done.done():
                 raise  # fn had ended: the cancellation is the waiter's own
             cancelled = True  # fn still runs: wait for it, then go on cancelling
+        except BaseException as e:
+            if not cancelled:
+                raise
+            log.warning("%s failed after its waiter was cancelled: %r", name, e)
+            break
     if cancelled:
         raise asyncio.CancelledError
     return result

@@ -48,6 +48,7 @@ from typing import Any
 
 from clawrl.algorithms.config import KLPenalty, OldRatio, PPOClipLoss
 from clawrl.config.method import PrecomputedMethod
+from clawrl.engine.threads import call_in_transient_thread
 from clawrl.errors import ConfigError
 from clawrl.harness.adapters.reference_agent import extract_command
 from clawrl.harness.samples import rollout_samples
@@ -365,13 +366,13 @@ def warm_start(
         for step, batch in enumerate(batches, 1):
             # every sample is on the version the trainer holds: no staleness drop
             batch = [dataclasses.replace(s, policy_version=trainer.policy_version) for s in batch]
-            metrics = trainer.train_step(batch)
+            metrics = call_in_transient_thread(trainer.train_step, batch)  # engine.threads
             report.steps += 1
             report.losses.append(-float(metrics.get("logprob/mean", float("nan"))))
             if on_step is not None:
                 on_step(step, len(batches), metrics)
     trainer.reset_optimizer()  # RL starts with fresh Adam moments and its own warm-up
-    version = trainer.publish(engine)
+    version = call_in_transient_thread(trainer.publish, engine)
     wait_for_version(engine, version)
     report.version = version
     log.info("warm start: %d samples, %d steps, published v%d (from v%d)", len(samples),
