@@ -81,7 +81,7 @@ browser:
 
 # PostgreSQL for the store's second backend (Debian's package; apt-get needs root). The tests
 # start a throwaway cluster of their own with its initdb/pg_ctl, as an unprivileged system user
-# when run as root (clawrl.store.pgtest); they never use the package's default cluster. Without
+# when run as root (clawrl.testing.postgres); they never use the package's default cluster. Without
 # it the PostgreSQL tests fail, unless CLAWRL_ALLOW_NO_POSTGRES=1 skips them explicitly.
 PG_INITDB = $(firstword $(wildcard /usr/lib/postgresql/*/bin/initdb) initdb)
 postgres:

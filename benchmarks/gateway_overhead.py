@@ -105,7 +105,7 @@ def serve(port_file: str, store_path: str) -> None:
     """Child process: the gateway over the instant engine on a free loopback port, recording
     into ``store_path`` (a SQLite file or a PostgreSQL URL)."""
     from clawrl.gateway import create_app
-    from clawrl.gateway.testing import LiveServer
+    from clawrl.gateway.server import LiveServer
     from clawrl.models import load_tokenizer
     from clawrl.store import Store
 
@@ -286,7 +286,7 @@ def main() -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     from clawrl.chat import normalize_openai_messages, normalize_openai_tools, render_prompt
     from clawrl.models import load_tokenizer
-    from clawrl.store.pgtest import schema_url, throwaway_cluster
+    from clawrl.testing.postgres import schema_url, throwaway_cluster
 
     tok = load_tokenizer()
     engine = InstantEngine(tok)

@@ -6,7 +6,7 @@ STORE is a harness run's or evaluation's ``store.db`` (``clawrl harness train|ev
 Every trained turn of every rollout that has a next state is judged twice with the configured
 judge (default: the shipped head): with its next state read as the linker's role (a harness's
 ``Output: ...`` user message as a person's reply, as harness mode did before) and as harness
-mode reads it now (the environment's output, :func:`clawrl.trainer.judge_worker.judged_role`,
+mode reads it now (the environment's output, :func:`clawrl.judge.worker.judged_role`,
 so :mod:`clawrl.judge.rules` applies). Prints, per kind of output (exit status 0 / non-zero /
 none reported; empty or not) and outcome (passed: reward 1), the count of each score, and the
 turns whose score agrees in sign with the outcome. Nothing is written to the store.
@@ -20,9 +20,9 @@ from collections import Counter
 
 from clawrl.config import load_config
 from clawrl.judge.rules import read_exit_status
+from clawrl.judge.worker import judge_input
 from clawrl.runtime import build_judge
 from clawrl.store import Store, TurnKind, TurnStatus
-from clawrl.trainer.judge_worker import judge_input
 from clawrl.trajectory import load_tree, next_state
 
 

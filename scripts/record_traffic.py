@@ -2,7 +2,7 @@
 """Record real harness traffic into fixtures for the replay tests (tests/trajectory/test_traffic.py).
 
 Each scenario runs one installed harness against a live gateway on a scripted engine that
-answers by rules (clawrl.gateway.traffic.rule_reply), records every HTTP exchange, scrubs the
+answers by rules (clawrl.testing.traffic.rule_reply), records every HTTP exchange, scrubs the
 run's directories and the host name, and writes ``tests/fixtures/traffic/HARNESS-SCENARIO.json.gz``.
 The harnesses come from scripts/install_harnesses.sh; aider, which the e2e tests do not use,
 from its own venv::
@@ -562,9 +562,12 @@ def harness_version(harness: str) -> str:
 
 
 def record(key: str, scenario: Scenario) -> Path:
+    from clawrl.engine.scripted import ScriptedEngine
     from clawrl.gateway import create_app
-    from clawrl.gateway.testing import LiveServer, ScriptedEngine
-    from clawrl.gateway.traffic import (
+    from clawrl.gateway.server import LiveServer
+    from clawrl.models import tiny_policy
+    from clawrl.store import Store
+    from clawrl.testing.traffic import (
         Exchange,
         Recording,
         TrafficRecorder,
@@ -572,8 +575,6 @@ def record(key: str, scenario: Scenario) -> Path:
         rule_reply,
         scrub,
     )
-    from clawrl.models import tiny_policy
-    from clawrl.store import Store
 
     tok = tiny_policy(seed=0).tokenizer
     root = Path(tempfile.mkdtemp(prefix="rec-"))

@@ -81,12 +81,12 @@ def embedded_policy(_embedded_policy_once):
 
 @pytest.fixture(scope="session")
 def pg_cluster():
-    """A throwaway PostgreSQL cluster for the whole run (clawrl.store.pgtest): its URL.
+    """A throwaway PostgreSQL cluster for the whole run (clawrl.testing.postgres): its URL.
 
     Fails when PostgreSQL is not installed (``make test`` installs Debian's package), unless
     ``CLAWRL_ALLOW_NO_POSTGRES=1`` skips the PostgreSQL tests explicitly.
     """
-    from clawrl.store.pgtest import find_pg_bin, throwaway_cluster
+    from clawrl.testing.postgres import find_pg_bin, throwaway_cluster
 
     if find_pg_bin() is None:
         if os.environ.get("CLAWRL_ALLOW_NO_POSTGRES") == "1":
@@ -105,7 +105,7 @@ def store_target(request, tmp_path):
     """Factory ``store_target(name) -> target``: a fresh SQLite file, or a fresh PostgreSQL
     schema in the test cluster, per name; every test using it runs on both backends."""
     if request.param == "postgresql":
-        from clawrl.store.pgtest import schema_url
+        from clawrl.testing.postgres import schema_url
 
         cluster = request.getfixturevalue("pg_cluster")
         made: dict[str, str] = {}

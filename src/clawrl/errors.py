@@ -1,4 +1,4 @@
-"""Typed errors, one class per boundary (DESIGN.md principle 2, STYLE.md item 9).
+"""Typed errors, one class per boundary.
 
 Each boundary error maps once to an HTTP status (in the gateway) or to a recorded reason
 (in the store / trainer). Catch these, not ``Exception``.

@@ -44,17 +44,17 @@ from clawrl.config import Config
 from clawrl.engine import Engine
 from clawrl.engine.threads import call_in_transient_thread
 from clawrl.errors import ConfigError
+from clawrl.judge.worker import JudgeFn
 from clawrl.store import Store
-from clawrl.trainer.judge_worker import JudgeFn
 
 if TYPE_CHECKING:
     from clawrl.dashboard import DashboardSource
     from clawrl.gateway.server import LiveServer
     from clawrl.gateway.versions import VersionFollower
     from clawrl.judge import Judge
+    from clawrl.judge.worker import JudgeWorker
     from clawrl.trainer import Trainer
     from clawrl.trainer.distributed import DistEnv
-    from clawrl.trainer.judge_worker import JudgeWorker
     from clawrl.trainer.process import TrainerProcess
     from clawrl.trainer.service import OnlineService
 
@@ -110,14 +110,13 @@ def _serve_base_through_zero_adapter(engine: Engine, trainer: Trainer, config: C
     """A vLLM engine serves the base weights through a zero copy of the trainer's LoRA adapter
     from the first request on (:mod:`clawrl.engine.vllm.engine` says which vLLM behaviour this
     avoids); nothing for other engines or full fine-tuning."""
-    use = getattr(engine, "use_base_adapter", None)
-    if use is None or config.trainer.full_finetune:
+    if not engine.needs_base_adapter or config.trainer.full_finetune:
         return
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="clawrl-adapter-") as tmp:
         trainer.model.save_pretrained(tmp)  # type: ignore[operator]
-        use(tmp)
+        engine.use_base_adapter(tmp)
 
 
 def build_engine(policy: Any, config: Config) -> Engine:
@@ -169,7 +168,7 @@ def judge_model_spec(config: Config) -> str:
     model its head set was trained on (the shipped head's is the embedded SmolLM2-135M, whatever
     the policy is: the head reads only the next state's text, so it judges any policy's turns);
     else (choice, generative) the policy's base weights, ``model.spec``."""
-    from clawrl.judge.config import HeadJudgeConfig
+    from clawrl.config.judge import HeadJudgeConfig
 
     jc = config.judge
     if jc.model:
@@ -193,9 +192,9 @@ def build_judge(config: Config) -> JudgeBundle:
         JudgeError: a backend that cannot be built (no API key, ...).
         ModelError: the judge model cannot be loaded.
     """
+    from clawrl.config.judge import HeadJudgeConfig, OpenAIJudgeConfig
     from clawrl.judge import Judge
     from clawrl.judge.backends import build_backend
-    from clawrl.judge.config import HeadJudgeConfig, OpenAIJudgeConfig
     from clawrl.models import load_policy
 
     jc = config.judge
@@ -419,7 +418,7 @@ def build_runtime(
 def build_judge_worker(
     config: Config, *, store: Store | str | Path | None = None, judge: JudgeBundle | None = None
 ) -> tuple[JudgeWorker, Callable[[], None]]:
-    """``clawrl judge worker``: a :class:`~clawrl.trainer.judge_worker.JudgeWorker` over the
+    """``clawrl judge worker``: a :class:`~clawrl.judge.worker.JudgeWorker` over the
     store, judging every turn that has a next state with the judge of ``config.judge``.
 
     Args:
@@ -433,7 +432,7 @@ def build_judge_worker(
     Raises:
         ModelError, JudgeError, StoreError: a part cannot be built (what was built is closed).
     """
-    from clawrl.trainer.judge_worker import JudgeWorker
+    from clawrl.judge.worker import JudgeWorker
 
     owned: list[Callable[[], None]] = []
 

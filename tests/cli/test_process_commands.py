@@ -32,7 +32,7 @@ def test_nproc_becomes_torchrun_over_the_same_arguments():
     cmd = torchrun_command(["--store", "s.db", "--nproc", "2", "--method", "rl", "--nproc=3"], 2)
     assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
     assert cmd[cmd.index("--nproc-per-node") + 1] == "2"
-    assert cmd[cmd.index("-m", 3) + 1] == "clawrl.trainer"
+    assert cmd[cmd.index("-m", 3) + 1 : cmd.index("-m", 3) + 3] == ["clawrl", "train"]
     assert cmd[-4:] == ["--store", "s.db", "--method", "rl"]  # --nproc is torchrun's now
 
 
@@ -79,3 +79,16 @@ def test_a_bad_store_fails_before_the_model_loads(monkeypatch):
     monkeypatch.setattr(clawrl.models, "load_policy", no_load)
     with pytest.raises(StoreError, match="PostgreSQL URL without"):
         build_runtime(Config(), store="postgresql:/db")
+
+
+def test_python_m_clawrl_and_the_older_python_m_clawrl_trainer_run_clawrl_train():
+    """``python -m clawrl train`` is what torchrun starts; ``python -m clawrl.trainer`` (the older
+    spelling, in users' launch scripts) re-executes it, so both print the train command's help."""
+    import subprocess
+
+    for module in (["clawrl", "train"], ["clawrl.trainer"]):
+        out = subprocess.run(
+            [sys.executable, "-m", *module, "--help"], capture_output=True, text=True, timeout=120
+        )
+        assert out.returncode == 0, out.stderr
+        assert "usage: clawrl train" in out.stdout, out.stdout[:300]

@@ -10,8 +10,8 @@ import pytest
 
 from clawrl.cli.serve import request_line
 from clawrl.dashboard import DashboardSource, mount_dashboard
+from clawrl.engine.scripted import ScriptedEngine
 from clawrl.gateway import create_app
-from clawrl.gateway.testing import ScriptedEngine
 from clawrl.store import Store
 
 from .conftest import HINT, TRICKY, wait_for

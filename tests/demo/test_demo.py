@@ -17,10 +17,10 @@ import pytest
 from clawrl.config import load_config
 from clawrl.demo import DemoSettings, run_demo, score_table, write_report
 from clawrl.demo.report import DROP_REASONS
-from clawrl.demo.stats import bootstrap_ci, paired_diff_ci, seed_ci, sessions_to_converge
 from clawrl.judge.types import BackendKind, Hint, HintSelection, Judgment, Score
 from clawrl.models import tiny_policy
 from clawrl.runtime import JudgeBundle
+from clawrl.stats import bootstrap_ci, paired_diff_ci, seed_ci, sessions_to_converge
 
 
 async def scripted_judge(inp):

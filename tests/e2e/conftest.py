@@ -4,7 +4,7 @@ The harnesses are installed by ``scripts/install_harnesses.sh`` into ``.harnesse
 directory in ``$CLAWRL_HARNESS_BIN``); a test whose program is missing is skipped and says so.
 
 Each test gets a :class:`HarnessGateway`: the real gateway app (every protocol route, the real
-chat layer and store) on a :class:`~clawrl.gateway.testing.ScriptedEngine` whose completions
+chat layer and store) on a :class:`~clawrl.engine.scripted.ScriptedEngine` whose completions
 depend on the prompt (:func:`harness_reply`), so the order of side calls does not matter:
 
 * the prompt offers no tools (a title request) or its last user turn is neither the task nor
@@ -15,7 +15,7 @@ depend on the prompt (:func:`harness_reply`), so the order of side calls does no
 
 Harness prompts are tens of thousands of tokens: the engine's context window is set far beyond
 them (:data:`SCRIPTED_CONTEXT`). Every HTTP exchange is recorded
-(:class:`clawrl.gateway.traffic.TrafficRecorder`; written to ``requests-N.json.gz`` under the
+(:class:`clawrl.testing.traffic.TrafficRecorder`; written to ``requests-N.json.gz`` under the
 test's temp dir) so a test can assert "no 5xx" and a failure can be read.
 """
 
@@ -33,11 +33,13 @@ from typing import Any
 
 import pytest
 
+from clawrl.engine.scripted import ScriptedEngine
 from clawrl.gateway import create_app
-from clawrl.gateway.testing import LiveServer, ScriptedEngine, tool_call_text
-from clawrl.gateway.testing import harness_reply as scripted_harness_reply
-from clawrl.gateway.traffic import Recording, TrafficRecorder
+from clawrl.gateway.server import LiveServer
 from clawrl.store import Store, TurnKind, TurnRecord, TurnStatus
+from clawrl.testing.replies import harness_reply as scripted_harness_reply
+from clawrl.testing.replies import tool_call_text
+from clawrl.testing.traffic import Recording, TrafficRecorder
 from clawrl.trajectory import load_tree
 from clawrl.trajectory.next_state import NextStateRole, next_state
 

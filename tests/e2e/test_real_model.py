@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 from clawrl.gateway import create_app
-from clawrl.gateway.testing import LiveServer
+from clawrl.gateway.server import LiveServer
 from clawrl.store import ApiProtocol, Store, TurnStatus
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

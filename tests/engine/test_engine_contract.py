@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 
 from clawrl.engine import Engine, FinishReason, SamplingParams, TransformersEngine
+from clawrl.engine.scripted import ScriptedEngine
 from clawrl.errors import ContextLengthError, EngineClosedError
-from clawrl.gateway.testing import ScriptedEngine
 from clawrl.models import tiny_policy, tokenizer_fingerprint
 
 from .conftest import trained_adapter
@@ -139,6 +139,8 @@ def test_declares_the_contract(case):
     assert engine.max_context > 0 and engine.policy_version == 0
     assert case.tokenizer.eos_token_id in engine.eos_token_ids
     assert engine.tokenizer_id == tokenizer_fingerprint(case.tokenizer)
+    assert engine.available is True
+    assert isinstance(engine.needs_base_adapter, bool)
 
 
 def test_ids_and_logprobs_agree(case):
@@ -286,6 +288,7 @@ def test_a_prompt_that_does_not_fit_is_a_context_length_error(case):
 
 def test_closed_engine_refuses(case):
     case.engine.close()
+    assert case.engine.available is False  # /healthz answers 503
     with pytest.raises(EngineClosedError):
         run(case.engine.generate(_prompt(case), SamplingParams(max_tokens=2)))
     case.engine.close()  # idempotent

@@ -15,7 +15,8 @@ import pytest
 from clawrl.envs import evaluate_personalization, generate_problems, make_user, run_sessions
 
 gateway = pytest.importorskip("clawrl.gateway")
-from clawrl.gateway.testing import LiveServer, ScriptedEngine  # noqa: E402
+from clawrl.engine.scripted import ScriptedEngine  # noqa: E402
+from clawrl.gateway.server import LiveServer  # noqa: E402
 from clawrl.store import SessionSource, Store  # noqa: E402
 from clawrl.trajectory import load_tree, next_state  # noqa: E402
 

@@ -15,8 +15,9 @@ from typing import Any
 import openai
 import pytest
 
+from clawrl.engine.scripted import ScriptedEngine
 from clawrl.gateway import create_app
-from clawrl.gateway.testing import LiveServer, ScriptedEngine
+from clawrl.gateway.server import LiveServer
 from clawrl.store import Store
 
 MODEL = "tiny"

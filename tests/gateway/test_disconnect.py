@@ -83,7 +83,7 @@ def test_non_stream_client_timeout_cancels_and_records_incomplete(tmp_path):
 
     from clawrl.engine import TransformersEngine
     from clawrl.gateway import create_app
-    from clawrl.gateway.testing import LiveServer
+    from clawrl.gateway.server import LiveServer
     from clawrl.models import tiny_policy
     from clawrl.store import Store, TurnStatus
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 
 from clawrl.cli.serve import error_line
-from clawrl.gateway.testing import ScriptedEngine
+from clawrl.engine.scripted import ScriptedEngine
 
 from .conftest import serve
 

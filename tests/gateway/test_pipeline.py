@@ -10,9 +10,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from clawrl.engine.scripted import ScriptedEngine
 from clawrl.errors import ConfigError, EngineError
 from clawrl.gateway import create_app
-from clawrl.gateway.testing import ScriptedEngine
 from clawrl.store import Store, TurnStatus
 
 

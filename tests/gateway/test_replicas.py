@@ -26,7 +26,7 @@ import openai
 import pytest
 
 from clawrl.store import Store, TurnStatus
-from clawrl.store.pgtest import schema_url
+from clawrl.testing.postgres import schema_url
 
 
 async def scripted_judge(inp):

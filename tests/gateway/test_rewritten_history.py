@@ -8,7 +8,7 @@ link records how the prompt differed (:mod:`clawrl.trajectory.history`).
 The client behaves like an OpenAI SDK user: it sends back the answer's content as it received
 it (stripped by the gateway's parse), omits ``reasoning_content``, and re-serialises tool-call
 arguments with its own spacing. The tiny policy's tokenizer gets each template and its special
-tokens; a :class:`~clawrl.gateway.testing.ScriptedEngine` samples the scripted texts (+ the
+tokens; a :class:`~clawrl.engine.scripted.ScriptedEngine` samples the scripted texts (+ the
 template's end-of-turn token as EOS).
 """
 
@@ -26,8 +26,8 @@ import pytest
 import trl
 from starlette.testclient import TestClient
 
+from clawrl.engine.scripted import ScriptedEngine
 from clawrl.gateway import create_app
-from clawrl.gateway.testing import ScriptedEngine
 from clawrl.store import Store, TurnRecord
 from clawrl.trajectory import HistoryChange, LinkKind, load_tree, next_state, training_rows
 from clawrl.trajectory.history import HISTORY_LINK_FACT

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from clawrl.gateway.testing import ScriptedEngine
+from clawrl.engine.scripted import ScriptedEngine
 
 from .conftest import Served, serve
 

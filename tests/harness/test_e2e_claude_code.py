@@ -15,14 +15,15 @@ from pathlib import Path
 
 import pytest
 
+from clawrl.engine.scripted import ScriptedEngine
 from clawrl.gateway import create_app
-from clawrl.gateway.testing import ScriptedEngine, harness_reply, tool_call_text
 from clawrl.harness.adapters.external import ClaudeCodeAdapter
 from clawrl.harness.loop import HarnessRunner, HarnessSettings
 from clawrl.harness.rollout import RolloutStatus
 from clawrl.harness.samples import rollout_samples
 from clawrl.harness.tasks import BUILTIN_TASKS, load_task
 from clawrl.store import ApiProtocol, Store
+from clawrl.testing.replies import harness_reply, tool_call_text
 
 _BIN = Path(os.environ.get("CLAWRL_HARNESS_BIN", Path(__file__).parents[2] / ".harnesses/bin"))
 pytestmark = pytest.mark.e2e

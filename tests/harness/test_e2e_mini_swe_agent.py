@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from clawrl.engine.scripted import ScriptedEngine
 from clawrl.gateway import create_app
-from clawrl.gateway.testing import ScriptedEngine
 from clawrl.harness.adapters.external import MiniSweAgentAdapter
 from clawrl.harness.loop import HarnessRunner, HarnessSettings
 from clawrl.harness.samples import rollout_samples

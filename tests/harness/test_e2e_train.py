@@ -13,8 +13,8 @@ import threading
 import pytest
 
 from clawrl.config import TrainerConfig
+from clawrl.engine.scripted import ScriptedEngine
 from clawrl.gateway import create_app
-from clawrl.gateway.testing import ScriptedEngine
 from clawrl.harness.loop import HarnessRunner, HarnessSettings, eval_row, evaluate, train
 from clawrl.harness.samples import step_samples
 from clawrl.harness.tasks import BUILTIN_TASKS, load_task

@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient
 
+from clawrl.engine.scripted import ScriptedEngine
 from clawrl.gateway import create_app
-from clawrl.gateway.testing import ScriptedEngine
-from clawrl.gateway.traffic import Recording, rule_reply
 from clawrl.harness.samples import rollout_samples
 from clawrl.store import SessionSource, Store, TurnKind, TurnRecord, TurnStatus
+from clawrl.testing.traffic import Recording, rule_reply
 from clawrl.trajectory import load_tree, training_rows
 from clawrl.trajectory.tree import RootReason
 

@@ -17,9 +17,9 @@ import threading
 import pytest
 
 from clawrl.config import TrainerConfig
+from clawrl.engine.scripted import ScriptedEngine
 from clawrl.errors import JudgeError
 from clawrl.gateway import create_app
-from clawrl.gateway.testing import ScriptedEngine
 from clawrl.harness.loop import HarnessRunner, HarnessSettings, train
 from clawrl.harness.samples import step_samples
 from clawrl.harness.tasks import BUILTIN_TASKS, load_task

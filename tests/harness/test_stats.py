@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from clawrl.harness.stats import (
+from clawrl.harness.passk import (
     TaskCount,
     describe_gain,
     family_pass_at_1,
@@ -214,7 +214,7 @@ def test_several_runs_get_a_mean_gain_with_an_interval_over_runs(tmp_path, capsy
 
 
 def test_across_runs_needs_runs_and_gives_no_interval_for_one():
-    from clawrl.harness.stats import across_runs
+    from clawrl.harness.passk import across_runs
 
     mean, low, high = across_runs([0.25])
     assert mean == 0.25 and math.isnan(low) and math.isnan(high)

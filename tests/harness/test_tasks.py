@@ -83,7 +83,7 @@ def test_partial_and_wrong_answers_score_below_one(task_id, command, reward):
 
 
 def test_every_family_has_held_out_and_train_variants():
-    from clawrl.harness.stats import task_family
+    from clawrl.harness.passk import task_family
 
     tasks = load_tasks("builtin")
     for family in {task_family(t.id) for t in tasks}:

@@ -15,9 +15,9 @@ import torch
 from clawrl.algorithms import LossInputs, compute_loss, count_normalizers
 from clawrl.cli import main
 from clawrl.config import TrainerConfig
+from clawrl.engine.scripted import ScriptedEngine
 from clawrl.errors import ConfigError
 from clawrl.gateway import create_app
-from clawrl.gateway.testing import ScriptedEngine
 from clawrl.harness.adapters.external import MiniSweAgentAdapter
 from clawrl.harness.loop import HarnessRunner, HarnessSettings
 from clawrl.harness.tasks import BUILTIN_TASKS, load_task

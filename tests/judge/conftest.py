@@ -12,8 +12,8 @@ from clawrl.judge import (
     BackendKind,
     JudgeContext,
     JudgeInput,
-    NextState,
     NextStateRole,
+    NextStateText,
     Score,
     TurnOutput,
     Vote,
@@ -26,7 +26,7 @@ def make_input(text: str = "Thanks, that worked!", role: str = "user", **kw) -> 
     return JudgeInput(
         context=JudgeContext(system="You are helpful.", user="What is 2+2?"),
         output=TurnOutput(content="4"),
-        next_state=NextState(role=NextStateRole(role), text=text, **kw),
+        next_state=NextStateText(role=NextStateRole(role), text=text, **kw),
     )
 
 

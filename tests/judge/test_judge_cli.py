@@ -109,8 +109,9 @@ def test_openai_backend_against_unreachable_endpoint(capsys, few_cases):
 def test_openai_backend_against_the_clawrl_gateway(capsys, tmp_path, tiny, few_cases):
     """The judge's OpenAI backend talks to clawrl's own gateway (real app, real store); the
     scripted policy answers by the next state it is shown, so the accuracy is known: 3 of 4."""
+    from clawrl.engine.scripted import ScriptedEngine
     from clawrl.gateway import create_app
-    from clawrl.gateway.testing import LiveServer, ScriptedEngine
+    from clawrl.gateway.server import LiveServer
     from clawrl.store import Store
 
     def reply(prompt_ids, params):

@@ -13,7 +13,7 @@ from clawrl.judge import (
     BackendKind,
     HintSelection,
     Judge,
-    NextState,
+    NextStateText,
     NoJudgmentReason,
     Score,
 )
@@ -131,9 +131,9 @@ def test_explicit_feedback_is_used_as_given(scripted, mk_input):
 
 def test_reward_only_on_feedback():
     with pytest.raises(ValidationError):
-        NextState(role="user", text="hi", reward=1.0)
+        NextStateText(role="user", text="hi", reward=1.0)
     with pytest.raises(ValidationError):
-        NextState(role="feedback", text="hi", reward=2.0)
+        NextStateText(role="feedback", text="hi", reward=2.0)
 
 
 def test_backend_without_hints_uses_the_directive_heuristic(scripted, mk_input):

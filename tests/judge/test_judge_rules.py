@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from clawrl.judge.rules import ExitReport, exit_status, program_rule, read_exit_status
-from clawrl.judge.types import NextState, NextStateRole, Score
+from clawrl.judge.types import NextStateRole, NextStateText, Score
 
 
 @pytest.mark.parametrize(
@@ -59,8 +59,8 @@ def test_exit_status_does_not_backtrack_on_long_outputs():
     assert [exit_status(t) for t in texts] == [None, 1, None, None]
 
 
-def _state(role: str, text: str) -> NextState:
-    return NextState(role=NextStateRole(role), text=text)
+def _state(role: str, text: str) -> NextStateText:
+    return NextStateText(role=NextStateRole(role), text=text)
 
 
 def test_program_rule_verdicts():

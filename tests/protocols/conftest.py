@@ -16,8 +16,9 @@ import anthropic
 import openai
 import pytest
 
+from clawrl.engine.scripted import ScriptedEngine
 from clawrl.gateway import create_app
-from clawrl.gateway.testing import LiveServer, ScriptedEngine
+from clawrl.gateway.server import LiveServer
 from clawrl.store import Store, TurnRecord
 
 

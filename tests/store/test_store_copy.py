@@ -23,7 +23,7 @@ from clawrl.store import (
     WeightsKind,
 )
 from clawrl.store.copy import copy_store, table_digest
-from clawrl.store.pgtest import schema_url
+from clawrl.testing.postgres import schema_url
 
 
 def _fill(target: str) -> list[TurnRecord]:

@@ -103,7 +103,7 @@ def test_fresh_and_migrated_stores_have_identical_schema(store_target, open_db) 
 def test_both_dialects_have_the_same_schema(pg_cluster, tmp_path) -> None:
     """The one declaration gives SQLite and PostgreSQL the same tables, columns, types,
     defaults, keys and indexes (in portable terms), fresh and migrated."""
-    from clawrl.store.pgtest import schema_url
+    from clawrl.testing.postgres import schema_url
 
     targets = {"sqlite": str(tmp_path / "s.db"), "postgresql": schema_url(pg_cluster)}
     described = {}

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient
 
+from clawrl.engine.scripted import ScriptedEngine
 from clawrl.gateway import create_app
-from clawrl.gateway.testing import ScriptedEngine
-from clawrl.gateway.traffic import Recording, replay, rule_reply
 from clawrl.store import Store, TurnKind, TurnStatus
 from clawrl.store.chains import MIN_SHARED_IDS
+from clawrl.testing.traffic import Recording, replay, rule_reply
 from clawrl.trajectory import load_tree, training_rows
 from clawrl.trajectory.next_state import NextStateRole, next_state
 from clawrl.trajectory.tree import RootReason

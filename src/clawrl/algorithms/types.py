@@ -4,7 +4,7 @@ Shape letters: ``B`` sequences (completions / turns) in the (micro-)batch, ``T``
 (right-padded). Every ``[B, T]`` tensor is aligned so that position ``(i, t)`` is the same sampled
 token ``a_{i,t}`` in all of them; only positions with ``loss_mask`` set are ever read.
 
-Log-probs are named by the policy that produced them (see STYLE.md):
+Log-probs are named by the policy that produced them:
 
 - ``sampling_logprobs``: the engine, at sampling time (after temperature);
 - ``policy_logprobs``: the trainer now, with gradient;

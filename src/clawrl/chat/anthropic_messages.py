@@ -1,6 +1,6 @@
 """Anthropic Messages request parts (system, messages, tools, tool_choice) -> neutral chat types.
 
-Accepted, as Claude Code and the ``anthropic`` SDK send them (shared/HARNESSES.md):
+Accepted, as Claude Code and the ``anthropic`` SDK send them (recorded in tests/fixtures/traffic/):
 
 * ``system`` as a string or a list of ``text`` blocks, joined with ``"\\n"``; it becomes the first
   neutral ``system`` message. A text block starting with ``x-anthropic-billing-header:`` (Claude

@@ -1,6 +1,6 @@
 """OpenAI chat-completions request parts (messages, tools, tool_choice) -> neutral chat types.
 
-Accepted, as real harnesses send them (shared/HARNESSES.md):
+Accepted, as real harnesses send them (recorded in tests/fixtures/traffic/):
 
 * ``content`` as a string, ``null``, missing, or a list of text parts
   (``{"type": "text", "text": ...}``; text parts are joined with ``"\\n"``). No text at all

@@ -1,6 +1,6 @@
 """OpenAI Responses request parts (instructions, input items, tools, tool_choice) -> neutral types.
 
-Accepted, as Codex and the ``openai`` SDK send them (shared/HARNESSES.md):
+Accepted, as Codex and the ``openai`` SDK send them (recorded in tests/fixtures/traffic/):
 
 * ``instructions`` (a string) becomes the first neutral ``system`` message.
 * ``input`` as a string (one user message) or a list of items:

@@ -403,8 +403,8 @@ def _warm_start(args: argparse.Namespace, runtime: Any, policy: Any, tasks: list
         ConfigError: no demonstration, or none passed its replay.
         StoreError: a store cannot be read or written.
     """
+    from clawrl.engine.scripted import ScriptedEngine
     from clawrl.gateway import create_app
-    from clawrl.gateway.testing import ScriptedEngine
     from clawrl.harness.loop import HarnessRunner
     from clawrl.harness.warmstart import run_warm_start
 
@@ -596,13 +596,13 @@ def _eval_rows(path: str, version: int | None) -> dict[str, dict[str, Any]]:
 def cmd_compare(args: argparse.Namespace) -> int:
     """``clawrl harness compare A.json B.json [B2.json ...]``: per harness in all files, each
     side's Pass@1 over the tasks all scored, B - A paired over them for each B, and with several
-    B files the mean gain over them (:func:`clawrl.harness.stats.across_runs`).
+    B files the mean gain over them (:func:`clawrl.harness.passk.across_runs`).
 
     Raises:
         ConfigError: a file is not eval output, no harness or no task is in every file, or
             ``--match`` is not a valid regex.
     """
-    from clawrl.harness.stats import (
+    from clawrl.harness.passk import (
         TaskCount,
         across_runs,
         describe_gain,

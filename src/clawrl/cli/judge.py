@@ -137,13 +137,13 @@ def _backend_config(args: argparse.Namespace) -> Any:
 
 
 def _backend_config_unchecked(args: argparse.Namespace) -> Any:
-    from clawrl.errors import JudgeError
-    from clawrl.judge.config import (
+    from clawrl.config.judge import (
         ChoiceJudgeConfig,
         GenerativeJudgeConfig,
         HeadJudgeConfig,
         OpenAIJudgeConfig,
     )
+    from clawrl.errors import JudgeError
 
     sampling: dict[str, Any] = {"seed": args.seed}
     if args.max_tokens is not None:
@@ -205,8 +205,8 @@ def run_eval(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from clawrl.config import Config
+    from clawrl.config.judge import JudgeConfig
     from clawrl.judge import Score, load_cases
-    from clawrl.judge.config import JudgeConfig
     from clawrl.judge.evaluate import evaluate
     from clawrl.runtime import build_judge
 

@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         epilog="examples:\n"
         "  clawrl train --store clawrl.db --output-dir runs/online --method combine\n"
         "  clawrl train --store clawrl.db --output-dir runs/online --method combine --nproc 2\n"
-        "  torchrun --nproc-per-node 4 -m clawrl.trainer --store postgresql://u@db/clawrl \\\n"
+        "  torchrun --nproc-per-node 4 -m clawrl train --store postgresql://u@db/clawrl \\\n"
         "      --output-dir /shared/runs/online --method combine --device cuda",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -72,7 +72,7 @@ def torchrun_command(train_argv: Sequence[str], nproc: int) -> list[str]:
     ``train``) on ``nproc`` ranks of this machine."""
     return [
         sys.executable, "-m", "torch.distributed.run", "--standalone",
-        "--nproc-per-node", str(nproc), "-m", "clawrl.trainer", *_without_nproc(train_argv),
+        "--nproc-per-node", str(nproc), "-m", "clawrl", "train", *_without_nproc(train_argv),
     ]  # fmt: skip
 
 

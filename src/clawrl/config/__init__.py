@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from clawrl.config.judge import JudgeConfig
 from clawrl.config.method import (
     METHOD_KINDS,
     SHORTHANDS,
@@ -43,7 +44,6 @@ from clawrl.config.method import (
     merge_method,
 )
 from clawrl.errors import ConfigError
-from clawrl.judge.config import JudgeConfig
 
 __all__ = [
     "METHOD_KINDS",

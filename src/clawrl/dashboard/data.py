@@ -579,7 +579,7 @@ def demo_view(result: Any) -> dict[str, Any]:
     or loaded from ``results.json``): per evaluated step the score with its 95 % interval, each
     check's pass rate with its bootstrap interval over the held-out problems, and the two
     held-out answers that improved most, before and after."""
-    from clawrl.demo.stats import bootstrap_ci
+    from clawrl.stats import bootstrap_ci
 
     def get(obj: Any, key: str, default: Any = None) -> Any:
         return obj.get(key, default) if isinstance(obj, dict) else getattr(obj, key, default)

@@ -20,7 +20,7 @@ from typing import Any
 
 from clawrl.config import Config, config_to_toml
 from clawrl.demo.runner import DemoSettings, MethodResult
-from clawrl.demo.stats import paired_diff_ci, seed_ci
+from clawrl.stats import paired_diff_ci, seed_ci
 from clawrl.store.learning import DROP_EXPLANATIONS
 
 METHOD_NAMES = {"rl": "Binary RL", "opd": "OPD", "combine": "Combined"}

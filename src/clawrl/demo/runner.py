@@ -15,7 +15,7 @@ For each method (``rl``, ``opd``, ``combine``) and each seed, from the same base
 
 This mirrors OpenClaw-RL's personalization experiment (student scenario, score after 8 and 16
 steps, Binary RL / OPD / combined) on a laptop-sized model; statistics live in
-:mod:`clawrl.demo.stats`, the report in :mod:`clawrl.demo.report`.
+:mod:`clawrl.stats`, the report in :mod:`clawrl.demo.report`.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clawrl.config import Config, expand_method
-from clawrl.demo.stats import bootstrap_ci, sessions_to_converge
 from clawrl.errors import ConfigError, EvaluationError
+from clawrl.stats import bootstrap_ci, sessions_to_converge
 
 if TYPE_CHECKING:
     from clawrl.envs import EvalResult, ScenarioSpec, SessionLog

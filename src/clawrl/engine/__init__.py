@@ -1,4 +1,4 @@
-"""Token-level generation and scoring (DESIGN.md: ``clawrl.engine``).
+"""Token-level generation and scoring: the `Engine` contract and its backends.
 
 ``generate(prompt_ids, params)``, ``generate_stream``, ``score(prompt_ids, target_ids)``,
 ``score_batch``, ``score_next_batch``, ``load_policy(version, weights)`` and ``close`` over token

@@ -327,6 +327,18 @@ class TransformersEngine:
         self._inbox.put(_SwapRequest(int(version), weights, fut))
         return fut
 
+    @property
+    def available(self) -> bool:
+        """Whether the engine takes requests (until :meth:`close`)."""
+        return not self._closed
+
+    needs_base_adapter = False
+    """In-process weights: the base is served as is, no adapter needed."""
+
+    def use_base_adapter(self, adapter_dir: str | Path) -> None:
+        """Nothing to do: this engine serves the base weights themselves (see
+        :attr:`clawrl.engine.Engine.needs_base_adapter`)."""
+
     def close(self) -> None:
         """Stop the engine thread; pending and running requests get :class:`EngineClosedError`."""
         if self._closed:

@@ -9,6 +9,7 @@ import concurrent.futures
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 
@@ -117,7 +118,8 @@ class Engine(Protocol):
     demo use of an engine, declared here and nowhere else.
 
     Implementations: :class:`clawrl.engine.TransformersEngine` (in-process, default) and
-    :class:`clawrl.gateway.testing.ScriptedEngine` (tests); ``tests/engine/test_engine_contract.py`` checks
+    :class:`clawrl.engine.scripted.ScriptedEngine` (given completions: the warm start, tests);
+    ``tests/engine/test_engine_contract.py`` checks
     the behaviour every backend must have. All methods are safe to call concurrently from
     asyncio tasks; token ids and log-probs are those of the policy's tokenizer, log-probs in
     nats.
@@ -130,6 +132,11 @@ class Engine(Protocol):
             this engine reads and writes (``""`` if unknown); the gateway refuses an engine
             whose ids would mean something else than its tokenizer's.
         stats: live counters (:class:`EngineStats`).
+        available: whether the engine can take a request now (``False`` while every vLLM
+            replica is down or behind the current version); ``/healthz`` answers 503 while not.
+        needs_base_adapter: whether the engine serves the base weights through a LoRA adapter
+            it must be given (:meth:`use_base_adapter`) before the first request (vLLM); an
+            in-process engine serves merged weights and needs none.
     """
 
     max_context: int
@@ -137,6 +144,12 @@ class Engine(Protocol):
     eos_token_ids: frozenset[int]
     tokenizer_id: str
     stats: EngineStats
+
+    @property
+    def available(self) -> bool: ...
+
+    @property
+    def needs_base_adapter(self) -> bool: ...
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
         """Sample one completion for ``prompt_ids`` (shape ``[p]``).
@@ -204,6 +217,15 @@ class Engine(Protocol):
 
         Raises:
             ValueError: ``version`` does not increase.
+        """
+        ...
+
+    def use_base_adapter(self, adapter_dir: str | Path) -> None:
+        """Serve the base weights (version 0, ``base=True`` scoring) through a zero copy of the
+        LoRA adapter at ``adapter_dir``; a no-op where :attr:`needs_base_adapter` is ``False``.
+
+        Raises:
+            EngineError: the adapter could not be loaded.
         """
         ...
 

@@ -5,7 +5,7 @@ Shape (what the ``openai`` SDK parses into ``APIStatusError``)::
     {"error": {"message": "...", "type": "invalid_request_error", "param": "messages[2]",
                "code": "invalid_value"}}
 
-Mapping (STYLE.md item 9):
+Mapping (one status per error class, decided here only):
 
 ================================  ======  =========================  ==========================
 raised                            status  ``type``                   ``kind`` (metrics, turns)

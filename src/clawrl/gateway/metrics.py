@@ -10,8 +10,8 @@ Families (all prefixed ``clawrl_``):
   the last byte was produced).
 * ``gateway_ttft_seconds`` — histogram of time to first token per choice.
 * ``gateway_turns_recorded_total{status}`` and ``gateway_untrainable_turns_total{reason}`` —
-  every recorded turn, and every one that will not be trained on with its reason (DESIGN.md
-  principle 3: no silent drops).
+  every recorded turn, and every one that will not be trained on with its reason (no silent
+  drops).
 * ``gateway_spliced_messages_total`` — history assistant messages whose exact recorded
   completion ids replaced the template's re-rendering (:mod:`clawrl.gateway.splice`).
 * ``gateway_ignored_fields_total{field}`` — request fields accepted without effect.

@@ -44,7 +44,7 @@ async def healthz(request: Request) -> dict[str, Any] | JSONResponse:
         "model": gw.model_name,
         "policy_version": gw.engine.policy_version,
     }
-    if not getattr(gw.engine, "available", True):
+    if not gw.engine.available:
         return JSONResponse({**body, "status": "unavailable"}, status_code=503)
     return body
 

@@ -2,7 +2,7 @@
 
 With a method whose samples carry step scores (:class:`clawrl.config.PRMOutcomeMethod`), each
 training step of harness mode judges the turns of its rollouts before building samples, the way
-the online loop does: the same :class:`~clawrl.trainer.judge_worker.JudgeWorker` builds each
+the online loop does: the same :class:`~clawrl.judge.worker.JudgeWorker` builds each
 turn's judge input from its next state (:func:`clawrl.trajectory.next_state`: the tool output or
 message that followed the turn in the rollout's prefix tree; no person takes part in a rollout,
 so a harness's observation sent as a user message, e.g. ``Output: ... (exit code 0)``, is judged
@@ -24,8 +24,8 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from enum import StrEnum
 
+from clawrl.judge.worker import JudgeFn, JudgeWorker
 from clawrl.store import DropReason, JudgmentRecord, Store
-from clawrl.trainer.judge_worker import JudgeFn, JudgeWorker
 from clawrl.trainer.types import TrainSample
 
 

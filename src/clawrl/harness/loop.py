@@ -42,20 +42,20 @@ from clawrl.errors import ConfigError, EngineError
 from clawrl.harness.adapters import Adapter, get_adapter
 from clawrl.harness.groups import GroupSelection, select_groups
 from clawrl.harness.judging import StepJudge, prm_metrics
-from clawrl.harness.passk import mean_pass_at_k
-from clawrl.harness.rollout import Rollout, RolloutStatus, run_rollout
-from clawrl.harness.samples import step_samples
-from clawrl.harness.sandbox import Isolation, choose_isolation
-from clawrl.harness.stats import (
+from clawrl.harness.passk import (
     TaskCount,
     describe_gain,
     family_pass_at_1,
+    mean_pass_at_k,
     pass_at_1_ci,
     task_counts,
 )
+from clawrl.harness.rollout import Rollout, RolloutStatus, run_rollout
+from clawrl.harness.samples import step_samples
+from clawrl.harness.sandbox import Isolation, choose_isolation
 from clawrl.harness.tasks import BUILTIN_TASKS, Task
+from clawrl.judge.worker import JudgeFn
 from clawrl.store import GroupDecision, RolloutGroupRecord, RolloutPurpose, RolloutResult, new_id
-from clawrl.trainer.judge_worker import JudgeFn
 from clawrl.trainer.types import TrainSample
 
 log = logging.getLogger(__name__)
@@ -373,11 +373,11 @@ class EvalRow:
 
     Attributes:
         pass_at_1_low / pass_at_1_high: the 95 % interval of Pass@1 (a bootstrap over
-            families, tasks and rollouts: :func:`clawrl.harness.stats.pass_at_1_ci`); ``nan``
+            families, tasks and rollouts: :func:`clawrl.harness.passk.pass_at_1_ci`); ``nan``
             without a task.
-        families: task family -> its Pass@1 (:func:`clawrl.harness.stats.family_pass_at_1`).
+        families: task family -> its Pass@1 (:func:`clawrl.harness.passk.family_pass_at_1`).
         counts: per task, rollouts with a reward (n) and passes (c): what a paired comparison of
-            two evaluations needs (:func:`clawrl.harness.stats.paired_gain`).
+            two evaluations needs (:func:`clawrl.harness.passk.paired_gain`).
     """
 
     harness: str
@@ -470,7 +470,7 @@ def eval_row(
 def format_eval(runs: Sequence[tuple[int, Sequence[EvalRow]]]) -> str:
     """The eval table as printed by ``clawrl harness eval``: one line per (version, harness)
     with Pass@1 and its 95 % interval over tasks; then, with several versions, each later
-    version's paired gain over the first (:func:`clawrl.harness.stats.paired_gain`); then
+    version's paired gain over the first (:func:`clawrl.harness.passk.paired_gain`); then
     Pass@1 per task family and version.
 
     Args:

@@ -246,7 +246,7 @@ def replay_demonstrations(
         runner: a :class:`clawrl.harness.loop.HarnessRunner` whose gateway app serves
             ``engine`` and records into the run's store (``parallel = 1``: the engine's replies
             are one replay's at a time).
-        engine: a :class:`clawrl.gateway.testing.ScriptedEngine` on the policy's tokenizer; its
+        engine: a :class:`clawrl.engine.scripted.ScriptedEngine` on the policy's tokenizer; its
             replies are set per replay.
         demos: the demonstrations; each one's task must be in ``tasks`` (task id -> task).
         report: counts ``replays`` and ``replays_passed`` per harness.

@@ -26,14 +26,14 @@ Rules, each documented where it is implemented:
 * **Never blocking** — :meth:`Judge.judge` returns within its timeout; failures are abstentions.
 """
 
-from clawrl.judge.cases import CaseCategory, JudgeCase, default_cases_path, load_cases
-from clawrl.judge.config import (
+from clawrl.config.judge import (
     ChoiceJudgeConfig,
     GenerativeJudgeConfig,
     HeadJudgeConfig,
     JudgeConfig,
     OpenAIJudgeConfig,
 )
+from clawrl.judge.cases import CaseCategory, JudgeCase, default_cases_path, load_cases
 from clawrl.judge.hints import extract_directive, overlap_f1, select_hint
 from clawrl.judge.judge import Judge, feedback_judgment
 from clawrl.judge.parse import parse_hint, parse_score
@@ -46,8 +46,8 @@ from clawrl.judge.types import (
     JudgeContext,
     JudgeInput,
     Judgment,
-    NextState,
     NextStateRole,
+    NextStateText,
     NoJudgmentReason,
     Score,
     TurnOutput,
@@ -71,8 +71,8 @@ __all__ = [
     "JudgeContext",
     "JudgeInput",
     "Judgment",
-    "NextState",
     "NextStateRole",
+    "NextStateText",
     "NoJudgmentReason",
     "OpenAIJudgeConfig",
     "Score",

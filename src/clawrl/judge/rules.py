@@ -36,7 +36,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from clawrl.judge.types import NextState, NextStateRole, Score
+from clawrl.judge.types import NextStateRole, NextStateText, Score
 
 PROGRAM_ROLES = (NextStateRole.TOOL, NextStateRole.ENVIRONMENT)
 """Next-state roles whose text a program produced."""
@@ -137,7 +137,7 @@ class RuleVerdict:
     detail: str
 
 
-def program_rule(next_state: NextState) -> RuleVerdict | None:
+def program_rule(next_state: NextStateText) -> RuleVerdict | None:
     """The verdict the rules above give ``next_state``, or ``None`` when the model must read it:
     a person's reply; a program's output with text and no non-zero exit status; or status 1
     with nothing else printed (``grep`` that matched nothing, a ``test`` that was false: an

@@ -25,7 +25,14 @@ from collections.abc import Callable, Sequence
 from typing import Literal, TypeVar
 
 from clawrl.judge.cases import CaseCategory, JudgeCase
-from clawrl.judge.types import JudgeContext, JudgeInput, NextState, NextStateRole, Score, TurnOutput
+from clawrl.judge.types import (
+    JudgeContext,
+    JudgeInput,
+    NextStateRole,
+    NextStateText,
+    Score,
+    TurnOutput,
+)
 
 Split = Literal["train", "val", "all"]
 T = TypeVar("T")
@@ -1121,7 +1128,7 @@ def _chat_case(
     inp = JudgeInput(
         context=JudgeContext(system=_ASSISTANT_SYSTEM, user=request),
         output=TurnOutput(content=answer),
-        next_state=NextState(role=NextStateRole.USER, text=reply),
+        next_state=NextStateText(role=NextStateRole.USER, text=reply),
     )
     return JudgeCase(
         id="", category=category, input=inp, expected_score=score, has_hint=hint is not None,
@@ -1141,7 +1148,7 @@ def _tool_case(
     inp = JudgeInput(
         context=JudgeContext(system=_AGENT_SYSTEM, user=request),
         output=TurnOutput(content="", tool_calls=[{"name": tool, "arguments": {key: arg}}]),  # type: ignore[list-item]
-        next_state=NextState(role=role, text=output),
+        next_state=NextStateText(role=role, text=output),
     )
     return JudgeCase(id="", category=category, input=inp, expected_score=score, has_hint=False)
 

@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from clawrl.chat.types import ChatMessage, ToolCall
+from clawrl.trajectory.next_state import NextStateRole
 
 
 class Score(IntEnum):
@@ -30,15 +31,6 @@ class Score(IntEnum):
     def label(self) -> str:
         """``"+1"``, ``"-1"`` or ``"0"``."""
         return "0" if self == 0 else f"{int(self):+d}"
-
-
-class NextStateRole(StrEnum):
-    """Who produced the next state; values match :class:`clawrl.trajectory.NextStateRole`."""
-
-    USER = "user"  # the user's next message
-    TOOL = "tool"  # a tool's output (shell, file read, test runner ...)
-    ENVIRONMENT = "environment"  # anything else the environment added (e.g. a verifier line)
-    FEEDBACK = "feedback"  # explicit feedback (``POST /v1/feedback``), used as given
 
 
 class BackendKind(StrEnum):
@@ -122,8 +114,10 @@ class TurnOutput(BaseModel):
     tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
-class NextState(BaseModel):
-    """What came after the turn.
+class NextStateText(BaseModel):
+    """The next state as the judge reads it: who produced it and its text (the trajectory's
+    :class:`~clawrl.trajectory.NextState`, which holds ids, messages and links, rendered to text
+    by :func:`clawrl.judge.worker.judge_input`).
 
     Attributes:
         role: who produced it (:class:`NextStateRole`).
@@ -139,7 +133,7 @@ class NextState(BaseModel):
     reward: float | None = Field(default=None, ge=-1.0, le=1.0)
 
     @model_validator(mode="after")
-    def _reward_only_for_feedback(self) -> NextState:
+    def _reward_only_for_feedback(self) -> NextStateText:
         if self.reward is not None and self.role != NextStateRole.FEEDBACK:
             raise ValueError(f"only feedback carries a reward, not {self.role.value}")
         return self
@@ -152,7 +146,7 @@ class JudgeInput(BaseModel):
 
     context: JudgeContext
     output: TurnOutput
-    next_state: NextState
+    next_state: NextStateText
 
 
 class Vote(BaseModel):

@@ -1,9 +1,13 @@
-"""``python -m clawrl.trainer ARGS`` = ``clawrl train ARGS``: what torchrun starts on each rank
-(``torchrun --nproc-per-node N -m clawrl.trainer --store ... --output-dir ... --method ...``)."""
+"""``python -m clawrl.trainer ARGS``: the older spelling of ``python -m clawrl train ARGS`` (what
+torchrun starts on each rank), kept so that existing launch scripts work.
 
+It replaces this process with ``python -m clawrl train ARGS`` (same PID, environment and
+arguments, so torchrun's ``RANK``/``WORLD_SIZE`` reach the rank) instead of importing the command
+line: the trainer package sits below ``clawrl.cli`` and never imports it
+(``tests/test_layers.py``)."""
+
+import os
 import sys
 
-from clawrl.cli import main
-
 if __name__ == "__main__":
-    sys.exit(main(["train", *sys.argv[1:]]))
+    os.execv(sys.executable, [sys.executable, "-m", "clawrl", "train", *sys.argv[1:]])

@@ -18,8 +18,8 @@ from typing import Any
 
 from clawrl.config import TrainerConfig
 from clawrl.engine import Engine
+from clawrl.judge.worker import JudgeFn, JudgeWorker
 from clawrl.store import Store
-from clawrl.trainer.judge_worker import JudgeFn, JudgeWorker
 from clawrl.trainer.metrics import MetricsWriter
 from clawrl.trainer.online import OnlineLearner
 from clawrl.trainer.trainer import Trainer

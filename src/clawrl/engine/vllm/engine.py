@@ -256,6 +256,9 @@ class VLLMEngine:
 
     # ------------------------------------------------------------------ replicas
 
+    needs_base_adapter = True
+    """vLLM serves version 0 through a zero adapter (:meth:`use_base_adapter`)."""
+
     @property
     def available(self) -> bool:
         """Whether a replica can take a request now (healthy and on the current version);

@@ -5,9 +5,9 @@ they parse. Everything is token ids in and out (``prompt`` as a list of ids,
 ``return_token_ids``), so no text is ever re-tokenized. The server must run with
 ``--logprobs-mode processed_logprobs``: the log-probs it returns for sampled tokens are then
 those of the distribution it sampled from (after temperature, top-k and top-p), which is what
-clawrl records (DESIGN.md principle 1). Checked at start by :func:`clawrl.engine.vllm.checks`.
+clawrl records (the distribution actually sampled from). Checked at start by :func:`clawrl.engine.vllm.checks`.
 
-vLLM facts this module relies on (vLLM 0.32, CPU build; ``../shared/ENGINES.md``):
+vLLM facts this module relies on (vLLM 0.32, CPU build):
 
 * ``/v1/completions`` with ``prompt: [ids]``, ``return_token_ids: true`` returns
   ``choices[0].token_ids`` (the sampled ids, EOS included) and ``prompt_token_ids``; streamed, each

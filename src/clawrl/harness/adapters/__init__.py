@@ -1,4 +1,4 @@
-"""Harness adapters by name: ``reference`` plus the external harnesses of HARNESSES.md."""
+"""Harness adapters by name: ``reference`` plus the external harnesses clawrl drives."""
 
 from __future__ import annotations
 

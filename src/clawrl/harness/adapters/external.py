@@ -1,4 +1,4 @@
-"""Adapters for external harnesses, configured as HARNESSES.md records.
+"""Adapters for external harnesses, each configured through its own config files and environment.
 
 Each one checks that its program is on ``PATH`` (``missing()`` names the install command when
 not), writes its config into the sandbox's HOME, and points the harness at the per-rollout

@@ -1,25 +1,25 @@
 """Judge backends: trained head (local model, default), choice scoring and generative (local
 engine), OpenAI-compatible endpoint.
 
-:func:`build_backend` maps a typed backend config (:mod:`clawrl.judge.config`) to a backend.
+:func:`build_backend` maps a typed backend config (:mod:`clawrl.config.judge`) to a backend.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from clawrl.errors import JudgeError
-from clawrl.judge.backends.base import JudgeBackend, failed_vote, vote_from_text
-from clawrl.judge.backends.choice import ChoiceBackend, calibrated_verdict, normalise
-from clawrl.judge.backends.generative import GenerativeBackend
-from clawrl.judge.backends.openai import OpenAIBackend
-from clawrl.judge.config import (
+from clawrl.config.judge import (
     BackendConfig,
     ChoiceJudgeConfig,
     GenerativeJudgeConfig,
     HeadJudgeConfig,
     OpenAIJudgeConfig,
 )
+from clawrl.errors import JudgeError
+from clawrl.judge.backends.base import JudgeBackend, failed_vote, vote_from_text
+from clawrl.judge.backends.choice import ChoiceBackend, calibrated_verdict, normalise
+from clawrl.judge.backends.generative import GenerativeBackend
+from clawrl.judge.backends.openai import OpenAIBackend
 
 
 def build_backend(

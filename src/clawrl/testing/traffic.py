@@ -279,7 +279,7 @@ def calls_text(calls: Sequence[Sequence[Any]], content: str | None = None) -> st
 def rule_reply(
     tokenizer: Any, rules: Iterable[Mapping[str, Any]], default: str = "OK."
 ) -> Callable[[list[int], SamplingParams], str]:
-    """A :class:`clawrl.gateway.testing.ScriptedEngine` ``reply_fn`` from rules (module docstring).
+    """A :class:`clawrl.engine.scripted.ScriptedEngine` ``reply_fn`` from rules (module docstring).
 
     Raises (from the returned function):
         EngineError: a matched rule's reply is ``{"error": "engine"}``.

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 
 from clawrl.judge.types import BackendKind, Judgment, Score
+from clawrl.judge.worker import JudgeWorker
 from clawrl.store import JudgmentRecord, Store, TurnRecord
-from clawrl.trainer.judge_worker import JudgeWorker
 
 
 def _session(store, tok, reply="thanks, that's perfect"):

@@ -33,14 +33,9 @@ from clawrl.judge.types import (
     JudgeContext,
     JudgeInput,
     Judgment,
+    NextStateText,
     NoJudgmentReason,
     TurnOutput,
-)
-from clawrl.judge.types import (
-    NextState as JudgeNextState,
-)
-from clawrl.judge.types import (
-    NextStateRole as JudgeRole,
 )
 from clawrl.store import DropReason, JudgmentRecord, Store, TurnKind, TurnRecord, TurnStatus
 from clawrl.store.learning import WORKER_BACKEND
@@ -54,13 +49,6 @@ JudgeFn = Callable[[JudgeInput], Awaitable[Judgment]]
 
 PURGE_EVERY_S = 600.0
 """How often a worker deletes claims that expired long ago (workers killed mid-judgment)."""
-
-_ROLE = {
-    NextStateRole.USER: JudgeRole.USER,
-    NextStateRole.TOOL: JudgeRole.TOOL,
-    NextStateRole.ENVIRONMENT: JudgeRole.ENVIRONMENT,
-    NextStateRole.FEEDBACK: JudgeRole.FEEDBACK,
-}
 
 
 def _text(content: Any) -> str:
@@ -115,10 +103,10 @@ def judge_input(turn: TurnRecord, ns: NextState, *, observations: bool = False) 
     ]
     if ns.role == NextStateRole.FEEDBACK:
         fb = ns.feedback[-1]
-        state = JudgeNextState(role=JudgeRole.FEEDBACK, text=fb.comment or "", reward=fb.reward)
+        state = NextStateText(role=NextStateRole.FEEDBACK, text=fb.comment or "", reward=fb.reward)
     else:
         role = judged_role(ns, observations=observations)
-        state = JudgeNextState(role=_ROLE[role], text=_ns_text(ns))
+        state = NextStateText(role=role, text=_ns_text(ns))
     return JudgeInput(
         context=JudgeContext(system=system, user=user, history=history),
         output=TurnOutput(content=out.get("content"), tool_calls=calls),

@@ -1,13 +1,12 @@
-"""Test helpers: a scripted engine and prompt-scripted harness replies.
+"""An engine whose completions are given, not sampled: :class:`ScriptedEngine`.
 
-:class:`ScriptedEngine` fakes the world's edge (STYLE.md item 11): its completions are fixed
-texts, tokenized with the real tokenizer plus EOS, emitted token by token through the real chat,
-protocol and recording layers. Use it where the client or the gateway is under test and the
-answer must be deterministic (tool calls, multi-turn sessions); use the tiny random model where
-only the plumbing matters.
-
-A live server for an app is :class:`clawrl.gateway.server.LiveServer` (production code: the
-demo and harness mode run one); it is re-exported here for tests.
+Its completions are fixed texts (or exact ids), tokenized with the real tokenizer plus EOS and
+emitted token by token through the real chat, protocol and recording layers, so everything above
+the engine runs as with a model. Harness mode's warm start replays recorded commands through a
+harness with it (:mod:`clawrl.harness.warmstart`); tests use it where the answer must be
+deterministic (tool calls, multi-turn sessions) and the tiny random model where only the
+plumbing matters. ``tests/engine/test_engine_contract.py`` holds it to the :class:`Engine`
+contract.
 """
 
 from __future__ import annotations
@@ -17,14 +16,14 @@ import concurrent.futures
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from clawrl.engine import Completion, EngineStats, FinishReason, SamplingParams, TokenEvent
 from clawrl.errors import ContextLengthError, EngineClosedError, EngineError
-from clawrl.gateway.server import LiveServer
 from clawrl.models import tokenizer_fingerprint
 
-__all__ = ["LiveServer", "Reply", "ScriptedEngine", "harness_reply", "tool_call_text"]
+__all__ = ["Reply", "ScriptedEngine"]
 
 Reply = str | list[int] | BaseException
 """A scripted reply: the completion text (sampled as its tokens + EOS), exact token ids (sampled
@@ -236,40 +235,18 @@ class ScriptedEngine:
         fut.set_result(version)
         return fut
 
+    @property
+    def available(self) -> bool:
+        """Whether the engine takes requests (until :meth:`close`)."""
+        return not self._closed
+
+    needs_base_adapter = False
+    """In-process weights: the base is served as is, no adapter needed."""
+
+    def use_base_adapter(self, adapter_dir: str | Path) -> None:
+        """Nothing to do: this engine serves the base weights themselves (see
+        :attr:`clawrl.engine.Engine.needs_base_adapter`)."""
+
     def close(self) -> None:
         """Refuse further requests."""
         self._closed = True
-
-
-def tool_call_text(name: str, arguments: dict[str, Any], content: str | None = None) -> str:
-    """The exact text the policy writes for one tool call (what history renders back)."""
-    from clawrl.chat import ChatMessage, ToolCall, assistant_message_text
-
-    msg = ChatMessage(
-        role="assistant", content=content, tool_calls=[ToolCall(name=name, arguments=arguments)]
-    )
-    return assistant_message_text(msg)
-
-
-def harness_reply(
-    tokenizer: Any, call: str, final: str, task_marker: str
-) -> Callable[[list[int], SamplingParams], str]:
-    """A :class:`ScriptedEngine` ``reply_fn`` for driving a real agent harness by the prompt.
-
-    The answer depends only on the rendered prompt, so the order of a harness's side calls does
-    not matter: no tools offered (a title request, ...) -> ``"OK."``; the last user turn holds a
-    tool result -> ``final``; it holds ``task_marker`` (the task) -> ``call``; else ``"OK."``.
-    """
-
-    def reply(prompt_ids: list[int], params: SamplingParams) -> str:
-        text = tokenizer.decode(prompt_ids, skip_special_tokens=False)
-        last_user = text.rsplit("<|im_start|>user", 1)[-1]
-        if "<tools>" not in text:
-            return "OK."
-        if "<tool_response>" in last_user:
-            return final
-        if task_marker in last_user:
-            return call
-        return "OK."
-
-    return reply
