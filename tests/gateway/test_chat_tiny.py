@@ -143,18 +143,17 @@ def test_max_tokens_and_max_completion_tokens(tiny_server):
     assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 3
 
 
-def test_models_and_healthz(tiny_server):
+def test_models_and_healthz(tiny_server, monkeypatch):
     models = tiny_server.client().models.list()
     assert [m.id for m in models.data] == ["tiny"]
     health = httpx.get(f"{tiny_server.url}/healthz").json()
     assert health == {"status": "ok", "model": "tiny", "policy_version": 0}
     r = httpx.get(f"{tiny_server.url}/v1/models/other")
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
-    tiny_server.engine.available = False  # an engine that can serve nothing (vLLM replicas down)
-    try:
-        down = httpx.get(f"{tiny_server.url}/healthz")
-    finally:
-        del tiny_server.engine.available
+    # an engine that can serve nothing (vLLM replicas down): the protocol's `available` fact
+    monkeypatch.setattr(type(tiny_server.engine), "available", property(lambda self: False))
+    down = httpx.get(f"{tiny_server.url}/healthz")
+    monkeypatch.undo()
     assert down.status_code == 503 and down.json()["status"] == "unavailable"
 
 
