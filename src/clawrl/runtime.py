@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from clawrl.judge.worker import JudgeWorker
     from clawrl.trainer import Trainer
     from clawrl.trainer.distributed import DistEnv
+    from clawrl.trainer.learner import Learner
     from clawrl.trainer.process import TrainerProcess
     from clawrl.trainer.service import OnlineService
 
@@ -242,6 +243,9 @@ class Runtime:
         model_name: the served model name.
         service: the online loop (judge worker + learner), or ``None``.
         trainer: harness mode's trainer (``online=False`` with a training method), or ``None``.
+        learner: harness mode's one learner over ``trainer`` (:class:`clawrl.trainer.learner.
+            Learner`: checkpoints, ``samples`` rows, ``policy_versions``, publishing to
+            ``engine``), or ``None``.
         judge: the judge the online loop uses, or harness mode's with a method that scores
             steps (``prm_outcome``), or ``None``.
         dashboard: what ``/dashboard`` reads (the demo sets its ``demo`` view).
@@ -258,6 +262,7 @@ class Runtime:
     model_name: str
     service: OnlineService | None = None
     trainer: Trainer | None = None
+    learner: Learner | None = None
     judge: JudgeBundle | None = None
     dashboard: DashboardSource | None = None
     follows_versions: bool = False
@@ -357,6 +362,7 @@ def build_runtime(
         owned.append(engine.close)
         service: OnlineService | None = None
         trainer: Trainer | None = None
+        harness_learner: Learner | None = None
         if method.trains and online and not external:
             from clawrl.trainer.service import OnlineService
 
@@ -368,14 +374,16 @@ def build_runtime(
                 store, engine, policy, judged_by, config.trainer,
                 judge_timeout_s=config.judge.timeout_s,
             ), name="clawrl-load")  # fmt: skip
-        elif method.trains and not online:  # harness mode: the caller steps this trainer
+        elif method.trains and not online:  # harness mode: the caller steps this learner
             from clawrl.trainer import Trainer
+            from clawrl.trainer.learner import Learner
 
             start = engine.policy_version
             trainer = call_in_transient_thread(
                 lambda: Trainer(policy.model, config.trainer, policy_version=start),
                 name="clawrl-load",
             )
+            harness_learner = Learner(trainer, store, engines=[engine])
             if method.needs.step_scores and judge is None:  # PRM + outcome judges each turn
                 judge = call_in_transient_thread(build_judge, config, name="clawrl-load")
                 owned.append(judge.close)
@@ -408,7 +416,7 @@ def build_runtime(
         raise
     return Runtime(
         config=config, policy=policy, engine=engine, store=store, app=app, model_name=name,
-        service=service, trainer=trainer,
+        service=service, trainer=trainer, learner=harness_learner,
         judge=judge if service is not None or method.needs.step_scores else None,
         dashboard=dashboard, follows_versions=follower is not None, follower=follower,
         _owned=owned,

@@ -19,6 +19,7 @@ from clawrl.harness.loop import HarnessRunner, HarnessSettings, eval_row, evalua
 from clawrl.harness.samples import step_samples
 from clawrl.harness.tasks import BUILTIN_TASKS, load_task
 from clawrl.store import GroupDecision, RolloutPurpose, Store
+from clawrl.trainer.learner import Learner
 from clawrl.trainer.trainer import Trainer
 
 
@@ -55,13 +56,21 @@ def test_two_training_steps_through_the_reference_harness(tmp_path, tiny):
         runner = HarnessRunner(app, store, settings)
         try:
             ended: list[int] = []
-            history = train(runner, trainer, engine, [task], steps=2, tasks_per_step=1,
+            learner = Learner(trainer, store, engines=[engine])
+            history = train(runner, learner, engine, [task], steps=2, tasks_per_step=1,
                             on_step=lambda step, m: ended.append(step))  # fmt: skip
         finally:
             runner.close()
         assert ended == [1, 2]  # each step reported as it ends (the CLI prints a line)
         assert [m["policy/version"] for m in history] == [1.0, 2.0]
         assert engine.policy_version == 2
+        # the one learner records what every mode records: versions, samples rows, checkpoints
+        assert [v.version for v in store.policy_versions()] == [1, 2]
+        trained = [store.get_sample(t) for r in store.rollout_results(run_id=runner.run_id)
+                   for t in [x.id for x in store.session_turns(r.rollout.id)]]  # fmt: skip
+        assert sum(s is not None and s.status.value == "trained" for s in trained) == 8
+        assert {s.policy_version for s in trained if s is not None} == {1, 2}
+        assert len(list((tmp_path / "run" / "checkpoints").glob("step-*"))) >= 1
         for m in history:
             assert m["group/skipped_zero_variance"] == 0
             assert m["harness/reference/rollouts"] == 2

@@ -25,6 +25,7 @@ from clawrl.harness.samples import step_samples
 from clawrl.harness.tasks import BUILTIN_TASKS, load_task
 from clawrl.judge.types import BackendKind, Judgment, Score
 from clawrl.store import GroupDecision, Store
+from clawrl.trainer.learner import Learner
 from clawrl.trainer.trainer import Trainer
 
 GOOD = "```bash\necho hello > hello.txt\n```"
@@ -66,7 +67,8 @@ def _run(tmp_path, tiny, engine, judge, steps=1, **kwargs):
         HarnessSettings(harnesses=["reference"], group_size=2, parallel=2),
     )  # fmt: skip
     try:
-        history = train(runner, trainer, engine, [task], steps=steps, tasks_per_step=1,
+        learner = Learner(trainer, store, engines=[engine])
+        history = train(runner, learner, engine, [task], steps=steps, tasks_per_step=1,
                         judge=judge, **kwargs)  # fmt: skip
     finally:
         runner.close()
@@ -174,7 +176,8 @@ def test_a_method_with_step_scores_needs_a_judge(tmp_path, tiny):
 
     trainer = Trainer(tiny.model, TrainerConfig(method="prm_outcome"), tmp_path / "run")
     with pytest.raises(ConfigError, match="needs a judge"):
-        train(None, trainer, None, [], steps=1, tasks_per_step=1)  # type: ignore[arg-type]
+        learner = Learner(trainer, None, writer=False)
+        train(None, learner, None, [], steps=1, tasks_per_step=1)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(("method", "judged"), [("grpo", False), ("prm_outcome", True)])

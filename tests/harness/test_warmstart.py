@@ -30,6 +30,7 @@ from clawrl.harness.warmstart import (
     run_warm_start,
 )
 from clawrl.store import RolloutPurpose, Store
+from clawrl.trainer.learner import Learner
 from clawrl.trainer.trainer import Trainer
 
 SOLVE = "I will do it.\n```bash\necho blue > a.txt\n```"  # solves create-file-2
@@ -128,7 +129,8 @@ def _warm_start(tmp_path, tiny, source, tasks, harness, epochs=3):
     trainer = Trainer(tiny.model, config, tmp_path / "out")
     policy_engine = ScriptedEngine(tiny.tokenizer)  # stands in for the engine being trained
     try:
-        report = run_warm_start(source, runner, scripted, trainer, policy_engine, tasks,
+        learner = Learner(trainer, store, engines=[policy_engine])
+        report = run_warm_start(source, runner, scripted, learner, policy_engine, tasks,
                                 epochs=epochs, batch_size=2)  # fmt: skip
     finally:
         runner.close()

@@ -5,10 +5,16 @@ on the tiny model in float64, written to a file for the test to compare with the
     torchrun --nproc-per-node 2 tests/trainer/fsdp_worker.py steps OUT.pt
     torchrun --nproc-per-node 2 tests/trainer/fsdp_worker.py checkpoint DIR   # 1 step, DCP save
     python tests/trainer/fsdp_worker.py resume DIR OUT.pt                   # 1 rank: load, step
+    python tests/trainer/fsdp_worker.py shutdown OUT.json          # 1 rank: leaving the group
+
+Every mode holds the process group in :func:`clawrl.trainer.distributed.process_group` and, once
+out of it, fails if a gloo thread is still running (:func:`check_no_gloo_threads`).
 """
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -106,67 +112,117 @@ def _result(trainer: Any, metrics: dict[str, float]) -> dict[str, Any]:
     }
 
 
+def gloo_threads() -> list[str]:
+    """The names of this process's gloo threads (``pt_gloo_runloop``, ``gloo_tcp_loop``): ``[]``
+    once the process group's backend is destroyed (Linux; ``[]`` elsewhere)."""
+    tasks = Path("/proc/self/task")
+    if not tasks.is_dir():
+        return []
+    names = []
+    for task in tasks.iterdir():
+        try:
+            names.append((task / "comm").read_text().strip())
+        except OSError:  # the thread ended meanwhile
+            continue
+    return sorted(n for n in names if "gloo" in n)
+
+
+def check_no_gloo_threads() -> None:
+    """Fail when the process group left gloo threads behind: they would run into interpreter
+    teardown, where a rank can die of SIGABRT ("terminate called without an active
+    exception")."""
+    left = gloo_threads()
+    if left:
+        raise SystemExit(f"rank {os.environ.get('RANK', 0)}: gloo threads still running after "
+                         f"leaving the process group: {left}")  # fmt: skip
+
+
 def run_steps(out: Path) -> None:
-    from clawrl.trainer.distributed import init_distributed, shutdown_distributed
+    from clawrl.trainer.distributed import process_group
     from clawrl.trainer.fsdp import ShardedTrainer
 
-    env = init_distributed("cpu")
-    results: dict[str, Any] = {"world_size": env.world_size}
-    for name in CASES:
-        trainer = ShardedTrainer(policy().model, config(name, out.parent / name), env,
-                                 computes_teacher=True)  # fmt: skip
-        batch = samples(name)
-        results[name] = [_result(trainer, trainer.train_step(batch)) for _ in range(2)]
-        if name == "rl-lora":  # the teacher after the two steps: policy and base weights
-            reqs = teacher_requests()
-            results["teacher"] = {
-                "policy": trainer.teacher_logprobs(reqs),
-                "base": trainer.teacher_logprobs(reqs, base=True),
-            }
-        del trainer
-    if env.is_main:
-        torch.save(results, out)
-    shutdown_distributed()
+    with process_group("cpu") as env:
+        results: dict[str, Any] = {"world_size": env.world_size}
+        for name in CASES:
+            trainer = ShardedTrainer(policy().model, config(name, out.parent / name), env,
+                                     computes_teacher=True)  # fmt: skip
+            batch = samples(name)
+            results[name] = [_result(trainer, trainer.train_step(batch)) for _ in range(2)]
+            if name == "rl-lora":  # the teacher after the two steps: policy and base weights
+                reqs = teacher_requests()
+                results["teacher"] = {
+                    "policy": trainer.teacher_logprobs(reqs),
+                    "base": trainer.teacher_logprobs(reqs, base=True),
+                }
+        if env.is_main:
+            torch.save(results, out)
+    check_no_gloo_threads()
 
 
 def run_checkpoint(directory: Path) -> None:
     """One step of ``rl-lora`` and ``rl-full``, then a DCP checkpoint each."""
-    from clawrl.trainer.distributed import init_distributed, shutdown_distributed
+    from clawrl.trainer.distributed import process_group
     from clawrl.trainer.fsdp import ShardedTrainer
 
-    env = init_distributed("cpu")
-    for name in ("rl-lora", "rl-full"):
-        trainer = ShardedTrainer(policy().model, config(name, directory / name), env)
-        trainer.train_step(samples(name))
-        trainer.policy_version = 1
-        trainer.save_checkpoint({"turn_ids": ["t0", "t1", "t2", "t3"]})
-    shutdown_distributed()
+    with process_group("cpu") as env:
+        for name in ("rl-lora", "rl-full"):
+            trainer = ShardedTrainer(policy().model, config(name, directory / name), env)
+            trainer.train_step(samples(name))
+            trainer.policy_version = 1
+            trainer.save_checkpoint({"turn_ids": ["t0", "t1", "t2", "t3"]})
+    check_no_gloo_threads()
 
 
 def run_resume(directory: Path, out: Path) -> None:
     """Load the checkpoints ``run_checkpoint`` wrote (with another rank count) and step again."""
     from clawrl.errors import TrainerError
-    from clawrl.trainer.distributed import init_distributed, shutdown_distributed
+    from clawrl.trainer.distributed import process_group
     from clawrl.trainer.fsdp import ShardedTrainer
 
-    env = init_distributed("cpu")
-    results: dict[str, Any] = {"world_size": env.world_size}
-    for name in ("rl-lora", "rl-full"):
-        trainer = ShardedTrainer(policy().model, config(name, directory / name), env)
-        meta = trainer.load_checkpoint()
-        assert meta is not None
-        results[name] = {"meta": meta, "step": trainer.step,
-                         "after": _result(trainer, trainer.train_step(samples(name)))}  # fmt: skip
-    # a checkpoint of another adapter shape is refused by name, never loaded in part
-    other = config("rl-lora", directory / "rl-lora").model_copy(update={"lora_rank": 8})
+    with process_group("cpu") as env:
+        results: dict[str, Any] = {"world_size": env.world_size}
+        for name in ("rl-lora", "rl-full"):
+            trainer = ShardedTrainer(policy().model, config(name, directory / name), env)
+            meta = trainer.load_checkpoint()
+            assert meta is not None
+            results[name] = {"meta": meta, "step": trainer.step}  # the step loaded
+            results[name]["after"] = _result(trainer, trainer.train_step(samples(name)))
+        # a checkpoint of another adapter shape is refused by name, never loaded in part
+        other = config("rl-lora", directory / "rl-lora").model_copy(update={"lora_rank": 8})
+        try:
+            ShardedTrainer(policy().model, other, env).load_checkpoint()
+            results["mismatch"] = None
+        except TrainerError as e:
+            results["mismatch"] = str(e)
+        if env.is_main:
+            torch.save(results, out)
+    check_no_gloo_threads()
+
+
+def run_shutdown(out: Path) -> None:
+    """Leave the process group (one rank, no torchrun) after a step, normally with the trainer
+    still alive, then (a new group in the same process) by an exception; writes what was left."""
+    import torch.distributed as dist
+
+    from clawrl.trainer.distributed import process_group
+    from clawrl.trainer.fsdp import ShardedTrainer
+
+    report: dict[str, Any] = {}
+    with process_group("cpu") as env:
+        trainer = ShardedTrainer(policy().model, config("rl-lora", out.parent / "a"), env)
+        report["loss"] = trainer.train_step(samples("rl-lora"))["loss"]
+        report["gloo_threads_inside"] = gloo_threads()
+    report["initialized_after_exit"] = dist.is_initialized()
+    report["gloo_threads_after_exit"] = gloo_threads()
     try:
-        ShardedTrainer(policy().model, other, env).load_checkpoint()
-        results["mismatch"] = None
-    except TrainerError as e:
-        results["mismatch"] = str(e)
-    if env.is_main:
-        torch.save(results, out)
-    shutdown_distributed()
+        with process_group("cpu") as env:
+            trainer = ShardedTrainer(policy().model, config("rl-full", out.parent / "b"), env)
+            trainer.train_step(samples("rl-full"))
+            raise RuntimeError("the step failed")
+    except RuntimeError as e:
+        report["raised"] = str(e)
+    report["initialized_after_raise"] = dist.is_initialized()
+    out.write_text(json.dumps(report))
 
 
 if __name__ == "__main__":
@@ -177,5 +233,7 @@ if __name__ == "__main__":
         run_checkpoint(Path(paths[0]))
     elif mode == "resume":
         run_resume(Path(paths[0]), Path(paths[1]))
+    elif mode == "shutdown":
+        run_shutdown(Path(paths[0]))
     else:
         raise SystemExit(f"unknown mode {mode!r}")

@@ -255,11 +255,17 @@ def cmd_train(args: argparse.Namespace) -> int:
     """``clawrl harness train``: a line per step as it ends; ``OUT/run.json`` records the model,
     harnesses, tasks and settings (``harness eval --run OUT`` checks its ``--model`` against it).
 
+    Run again on the same ``--out`` (after a kill, or with more ``--steps``) it resumes from the
+    last checkpoint: the next step, the same task order, no group trained twice
+    (:mod:`clawrl.harness.loop`).
+
     Raises:
-        ConfigError: ``--out`` already holds published versions (a rerun would mix two runs), or
-            ``--full-finetune`` (harness mode publishes LoRA adapters as ``policies/vN``).
+        ConfigError: ``--out`` holds published versions but no checkpoint (a rerun would mix two
+            runs), or it holds a run with other settings, or ``--full-finetune`` (harness mode
+            publishes LoRA adapters as ``policies/vN``).
     """
-    from clawrl.harness.loop import HarnessRunner, train
+    from clawrl.engine.threads import call_in_transient_thread
+    from clawrl.harness.loop import HarnessRunner, resume_point, train
     from clawrl.runtime import build_runtime
     from clawrl.trainer.metrics import MetricsWriter
 
@@ -272,10 +278,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise ConfigError("--warm-start-epochs and --warm-start-per-task need --warm-start SRC")
     args.warm_start_epochs = 2 if args.warm_start_epochs is None else args.warm_start_epochs
     args.warm_start_per_task = 2 if args.warm_start_per_task is None else args.warm_start_per_task
-    if stale := _published(out):
+    resuming = any((out / "checkpoints").glob("step-*"))
+    if not resuming and (stale := _published(out)):
         raise ConfigError(
-            f"{out} already holds policy versions ({', '.join(stale[:5])}...): a "
-            "second run into it would mix the two runs' versions; pick a new --out"
+            f"{out} already holds policy versions ({', '.join(stale[:5])}...) and no "
+            "checkpoint to resume from: a second run into it would mix the two runs' "
+            "versions; pick a new --out"
         )
     t0 = time.perf_counter()
     cfg = config_with_flags(args, default_method="grpo")
@@ -290,7 +298,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         update={"trainer": cfg.trainer.model_copy(update={"output_dir": str(out)})}
     )
     out.mkdir(parents=True, exist_ok=True)
-    (out / "run.json").write_text(json.dumps({
+    run = {
         "model": args.model, "harness": args.harness, "tasks": args.tasks, "split": args.split,
         "match": args.match, "warm_start": args.warm_start,
         "warm_start_epochs": args.warm_start_epochs,
@@ -298,12 +306,26 @@ def cmd_train(args: argparse.Namespace) -> int:
         "steps": args.steps, "tasks_per_step": args.tasks_per_step,
         "group_size": args.group_size, "trainer": cfg.trainer.model_dump(mode="json"),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }, indent=2, default=str))  # fmt: skip
+    }  # fmt: skip
+    if resuming:
+        _check_same_run(out, run)
+    else:
+        (out / "run.json").write_text(json.dumps(run, indent=2, default=str))
     policy = _policy(args, cfg)
     runtime = build_runtime(
         cfg, policy=policy, store=out / "store.db", online=False, model_name=policy.name
     )
     assert runtime.trainer is not None  # a grpo / prm_outcome method trains
+    assert runtime.learner is not None
+    try:
+        # restores the checkpoint and serves its version (clawrl.engine.threads)
+        start = resume_point(call_in_transient_thread(runtime.learner.resume))
+    except BaseException:
+        runtime.close()
+        raise
+    if resuming:
+        print(f"resuming {out} after step {start.step} (policy v{runtime.trainer.policy_version})",
+              flush=True)  # fmt: skip
     runner = HarnessRunner(runtime.app, runtime.store, _settings(args, policy.name))
     writer = MetricsWriter(out, tensorboard=False)
     judge = runtime.judge.judge if runtime.judge is not None else None
@@ -318,7 +340,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             for k, v in m.items()
             if k.startswith("harness/") and k.endswith("/reward_mean")
         )
-        left = (time.perf_counter() - t0) / step * (args.steps - step)
+        left = (time.perf_counter() - t0) / (step - start.step) * (args.steps - step)
         print(
             f"step {step}/{args.steps}: version={int(m['policy/version'])} "
             f"reward={m['rollout/reward_mean']:.3f} [{per}] "
@@ -330,12 +352,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         )
 
     try:
-        if args.warm_start:
+        if args.warm_start and not resuming:
             _warm_start(args, runtime, policy, tasks)
         train(
-            runner, runtime.trainer, runtime.engine, tasks, steps=args.steps,
+            runner, runtime.learner, runtime.engine, tasks, steps=args.steps,
             tasks_per_step=args.tasks_per_step, metrics_writer=writer, judge=judge,
-            judge_timeout_s=cfg.judge.timeout_s + 30.0, on_step=step_line,
+            judge_timeout_s=cfg.judge.timeout_s + 30.0, on_step=step_line, start=start,
         )  # fmt: skip
     finally:
         runner.close()
@@ -347,6 +369,31 @@ def cmd_train(args: argparse.Namespace) -> int:
         f"(rollouts in {out / 'store.db'}, run {runner.run_id}); published: {published}"
     )
     return 0
+
+
+_RESUME_FREE = ("started", "steps")
+"""``run.json`` fields a resumed run may change (more ``--steps``)."""
+
+
+def _check_same_run(out: Path, run: dict[str, Any]) -> None:
+    """Refuse to resume ``out`` with settings other than those it was started with (another
+    model, harness, task set or trainer setting would change what the next step trains).
+
+    Raises:
+        ConfigError: a setting differs (names each one), or ``out/run.json`` is missing.
+    """
+    path = out / "run.json"
+    if not path.is_file():
+        raise ConfigError(f"{out} has checkpoints but no run.json: not a clawrl harness run")
+    before = json.loads(path.read_text())
+    now = json.loads(json.dumps(run, default=str))
+    differ = [k for k in now if k not in _RESUME_FREE and before.get(k) != now[k]]
+    if differ:
+        shown = "; ".join(f"{k}: {before.get(k)!r} -> {now[k]!r}" for k in differ)
+        raise ConfigError(
+            f"{out} holds a run started with other settings ({shown}): resuming it with these "
+            "would train other tasks or another way; give the same flags, or a new --out"
+        )
 
 
 def _source_store(spec: str) -> Any:
@@ -430,7 +477,7 @@ def _warm_start(args: argparse.Namespace, runtime: Any, policy: Any, tasks: list
 
     try:
         report = run_warm_start(
-            source, runner, scripted, runtime.trainer, runtime.engine, tasks,
+            source, runner, scripted, runtime.learner, runtime.engine, tasks,
             epochs=args.warm_start_epochs, batch_size=args.tasks_per_step * args.group_size,
             max_per_task=args.warm_start_per_task, seed=runtime.trainer.config.seed,
             on_replay=replay_line, on_step=step_line,

@@ -97,10 +97,10 @@ def run(args: argparse.Namespace) -> int:
     quiet_transformers()
 
     from clawrl.runtime import build_trainer_process
-    from clawrl.trainer.distributed import init_distributed, shutdown_distributed
+    from clawrl.trainer.distributed import process_group
 
-    env = init_distributed(cfg.model.device)
-    try:
+    # left on every way out: normally after a barrier, with gloo's threads stopped
+    with process_group(cfg.model.device) as env:
         proc = build_trainer_process(cfg, env, out=lambda line: print(line, flush=True))
         try:
 
@@ -122,6 +122,4 @@ def run(args: argparse.Namespace) -> int:
                       flush=True)  # fmt: skip
         finally:
             proc.close()
-    finally:
-        shutdown_distributed()
     return 0

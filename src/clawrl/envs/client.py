@@ -26,6 +26,7 @@ import httpx
 
 from clawrl import __version__
 from clawrl.envs.errors import ChatEndpointError
+from clawrl.policy_version import parse_fingerprint
 
 EVAL_HEADER = "X-Clawrl-Eval"
 """Header marking evaluation requests (value ``1``): the gateway records them, the learner
@@ -73,14 +74,6 @@ class ChatResult:
     turn_ids: tuple[str, ...] = ()
     usage: dict[str, Any] = field(default_factory=dict)
     latency_s: float = 0.0
-
-
-def _policy_version(fingerprint: Any) -> int | None:
-    prefix = "clawrl-policy-v"
-    if isinstance(fingerprint, str) and fingerprint.startswith(prefix):
-        tail = fingerprint[len(prefix) :]
-        return int(tail) if tail.isdigit() else None
-    return None
 
 
 def _error_message(response: httpx.Response) -> str:
@@ -228,7 +221,7 @@ class ChatClient:
             content=str(message.get("content") or ""),
             finish_reason=choice.get("finish_reason"),
             model=data.get("model"),
-            policy_version=_policy_version(data.get("system_fingerprint")),
+            policy_version=parse_fingerprint(data.get("system_fingerprint")),
             session_id=response.headers.get("x-clawrl-session-id"),
             turn_ids=tuple(t for t in turn_ids.split(",") if t),
             usage=dict(data.get("usage") or {}),

@@ -8,7 +8,7 @@ Conventions:
   actually sampled from (after temperature / top-k / top-p), in nats.
 * ``message.reasoning_content`` (and ``delta.reasoning_content``) carries ``<think>`` text, as
   vLLM and DeepSeek do; absent when there is none.
-* ``system_fingerprint`` is ``clawrl-policy-v{version}``.
+* ``system_fingerprint`` is ``clawrl-policy-v{version}`` (:func:`clawrl.policy_version.fingerprint`).
 """
 
 from __future__ import annotations
@@ -20,16 +20,12 @@ from typing import Any
 
 from clawrl.chat import ParsedCompletion, ToolCall
 from clawrl.gateway.decode import token_piece
+from clawrl.policy_version import fingerprint
 
 
 def completion_id() -> str:
     """A fresh ``chatcmpl-`` id."""
     return "chatcmpl-" + secrets.token_hex(12)
-
-
-def fingerprint(policy_version: int) -> str:
-    """The ``system_fingerprint`` of a policy version."""
-    return f"clawrl-policy-v{policy_version}"
 
 
 LOGPROB_FLOOR = -9999.0

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from clawrl.errors import ClientInputError
 from clawrl.gateway.state import GatewayState
+from clawrl.policy_version import version_fields
 from clawrl.store import FeedbackRecord, Store
 
 router = APIRouter()
@@ -42,7 +43,7 @@ async def healthz(request: Request) -> dict[str, Any] | JSONResponse:
     body = {
         "status": "ok",
         "model": gw.model_name,
-        "policy_version": gw.engine.policy_version,
+        **version_fields(gw.engine.policy_version),
     }
     if not gw.engine.available:
         return JSONResponse({**body, "status": "unavailable"}, status_code=503)

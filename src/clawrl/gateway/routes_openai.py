@@ -56,6 +56,7 @@ from clawrl.gateway.schemas import (
     stop_strings,
 )
 from clawrl.gateway.state import GatewayState
+from clawrl.policy_version import version_fields
 from clawrl.store import ApiProtocol
 
 log = logging.getLogger(__name__)
@@ -255,5 +256,5 @@ def _model_json(gw: GatewayState) -> dict[str, Any]:
         "created": int(gw.started_at),
         "owned_by": "clawrl",
         "max_model_len": gw.engine.max_context,
-        "policy_version": gw.engine.policy_version,
+        **version_fields(gw.engine.policy_version),
     }

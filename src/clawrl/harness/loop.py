@@ -11,11 +11,18 @@ step:
    rollout's reward, group, episode and step (:mod:`clawrl.harness.samples`); with integrated
    PRM + outcome (method ``prm_outcome``) the judge first scores each turn's next state and the
    judgments are stored (:mod:`clawrl.harness.judging`), each sample carrying its turn's score;
-4. takes one optimizer step with the shared :class:`clawrl.trainer.Trainer` — its GRPO method
-   computes the group-relative advantages over the rollouts (``prm_outcome``: over the
-   (group, step) cells of ``PRM + outcome``) — and publishes the new version to the engine
-   (swapped in between requests, as the online loop does), waiting until it serves so the
-   next step's rollouts are on-policy.
+4. takes one step with the one learner (:class:`clawrl.trainer.learner.Learner`, as every mode
+   does): the trainer's GRPO method computes the group-relative advantages over the rollouts
+   (``prm_outcome``: over the (group, step) cells of ``PRM + outcome``); the learner checkpoints
+   (with the harness step and the task cursor), writes the trained turns' ``samples`` rows,
+   records the version in ``policy_versions`` and publishes it to the engine (swapped in
+   between requests, as the online loop does); the loop waits until it serves so the next
+   step's rollouts are on-policy.
+
+Resuming: :func:`train` with ``start`` (from :func:`resume_point` of the learner's restored
+checkpoint) continues at the next step with the same task order, so a run killed at any point
+and started again trains no group twice (a step whose checkpoint was not written is run again
+from its rollouts' tasks; its earlier rollouts stay in the store, never trained).
 
 Rollouts, their verifier results and their groups (with the decision of step 2) go to the store
 (:mod:`clawrl.store.rollouts`; ``clawrl sessions`` shows them, ``clawrl export`` exports them),
@@ -26,6 +33,7 @@ the store's ``judgments`` table. Evaluation reads the rollouts it ran back from 
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -56,6 +64,7 @@ from clawrl.harness.sandbox import Isolation, choose_isolation
 from clawrl.harness.tasks import BUILTIN_TASKS, Task
 from clawrl.judge.worker import JudgeFn
 from clawrl.store import GroupDecision, RolloutGroupRecord, RolloutPurpose, RolloutResult, new_id
+from clawrl.trainer.learner import Learner
 from clawrl.trainer.types import TrainSample
 
 log = logging.getLogger(__name__)
@@ -228,9 +237,25 @@ def wait_for_version(engine: Engine, version: int, timeout_s: float = 120.0) -> 
         )
 
 
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where a harness run goes on: ``step`` steps done, the next task at ``cursor``."""
+
+    step: int = 0
+    cursor: int = 0
+
+
+def resume_point(meta: dict[str, Any] | None) -> ResumePoint:
+    """The point after the checkpoint whose ``meta`` a learner restored (``None``: the start).
+    A checkpoint the warm start wrote (no ``harness_step``) is the start of the RL steps."""
+    if meta is None or "harness_step" not in meta:
+        return ResumePoint()
+    return ResumePoint(int(meta["harness_step"]), int(meta["harness_cursor"]))
+
+
 def train(
     runner: HarnessRunner,
-    trainer: Any,
+    learner: Learner,
     engine: Engine,
     tasks: Sequence[Task],
     *,
@@ -240,32 +265,36 @@ def train(
     judge: JudgeFn | None = None,
     judge_timeout_s: float = 150.0,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
+    start: ResumePoint = ResumePoint(),
 ) -> list[dict[str, float]]:
-    """Run ``steps`` harness RL steps (see the module docstring); returns each step's metrics.
+    """Run harness RL steps ``start.step + 1 .. steps`` (see the module docstring); returns each
+    step's metrics.
 
     Args:
-        trainer: a :class:`clawrl.trainer.Trainer` (its method says whether turns are judged:
-            ``needs.step_scores``).
+        learner: the one learner over the run's trainer (its method says whether turns are
+            judged: ``needs.step_scores``), publishing to ``engine``.
         judge: ``async (JudgeInput) -> Judgment`` scoring each turn's next state; required by a
             method with step scores (``prm_outcome``), unused otherwise.
         judge_timeout_s: the most seconds one judgment may take.
         on_step: called with (step, its metrics) as each step ends (the CLI prints a line).
+        start: where a resumed run goes on (:func:`resume_point`).
 
     Raises:
         ConfigError: the method needs step scores and no judge was given.
         EngineError: the engine did not serve a published version (:func:`wait_for_version`).
     """
-    judged = bool(trainer.method.needs.step_scores)
+    method = learner.trainer.method
+    judged = bool(method.needs.step_scores)
     if judged and judge is None:
-        raise ConfigError(f"method {trainer.method.kind!r} judges each turn: it needs a judge")
+        raise ConfigError(f"method {method.kind!r} judges each turn: it needs a judge")
     step_judge = None
     if judged and judge is not None:
         step_judge = StepJudge(runner.store, judge, timeout_s=judge_timeout_s,
                                concurrency=runner.settings.parallel)  # fmt: skip
     try:
-        return _train_steps(runner, trainer, engine, tasks, steps=steps,
+        return _train_steps(runner, learner, engine, tasks, steps=steps,
                             tasks_per_step=tasks_per_step, metrics_writer=metrics_writer,
-                            step_judge=step_judge, on_step=on_step)  # fmt: skip
+                            step_judge=step_judge, on_step=on_step, start=start)  # fmt: skip
     finally:
         if step_judge is not None:
             step_judge.close()
@@ -273,7 +302,7 @@ def train(
 
 def _train_steps(
     runner: HarnessRunner,
-    trainer: Any,
+    learner: Learner,
     engine: Engine,
     tasks: Sequence[Task],
     *,
@@ -282,12 +311,13 @@ def _train_steps(
     metrics_writer: Any,
     step_judge: StepJudge | None,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
+    start: ResumePoint = ResumePoint(),
 ) -> list[dict[str, float]]:
     """The steps of :func:`train`; ``step_judge`` scores each step's turns (``prm_outcome``)."""
     judged = step_judge is not None
     history: list[dict[str, float]] = []
-    cursor = 0
-    for step in range(steps):
+    cursor = start.cursor
+    for step in range(start.step, steps):
         t0 = time.perf_counter()
         chosen = [tasks[(cursor + i) % len(tasks)] for i in range(min(tasks_per_step, len(tasks)))]
         cursor += len(chosen)
@@ -348,15 +378,17 @@ def _train_steps(
         if built.samples:
             # in threads that end with the call: the main thread would keep an OpenMP team that
             # slows the engine's rollouts (clawrl.engine.threads)
-            trained = call_in_transient_thread(trainer.train_step, built.samples)
+            turn_ids = list(dict.fromkeys(s.turn_id for s in built.samples if s.turn_id))
+            meta = {"harness_step": step + 1, "harness_cursor": cursor}
+            trained = call_in_transient_thread(
+                functools.partial(learner.step, built.samples, turn_ids, meta=meta)
+            )
             trained["trainer/step"] = trained.pop("step", 0.0)  # the row's "step" is the loop's
             metrics.update(trained)
-            version = call_in_transient_thread(trainer.publish, engine)
-            wait_for_version(engine, version)
-            metrics["policy/version"] = float(version)
+            wait_for_version(engine, learner.policy_version)
         else:
             metrics["step/skipped_no_signal"] = 1.0
-            metrics["policy/version"] = float(getattr(trainer, "policy_version", 0))
+            metrics["policy/version"] = float(learner.policy_version)
         metrics["time/harness_step"] = time.perf_counter() - t0
         if metrics_writer is not None:
             metrics_writer.write(step + 1, metrics)

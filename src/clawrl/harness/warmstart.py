@@ -23,8 +23,10 @@ that format from the model's own successes elsewhere:
    per completion token, i.e. the supervised (negative log-likelihood) gradient, token-mean
    aggregated. No KL term. Rejection-sampling fine-tuning on the model's own successes (RFT,
    Yuan et al. 2023, "Scaling Relationship on Learning Mathematical Reasoning with LLMs"), with
-   the harness's format supplied by the replay. One policy version is published at the end,
-   and the optimizer and its schedule start afresh for the RL steps that follow.
+   the harness's format supplied by the replay. One policy version is published at the end
+   (:meth:`clawrl.trainer.learner.Learner.commit`: checkpointed, the replayed turns'
+   ``samples`` rows written, recorded in ``policy_versions``), and the optimizer and its
+   schedule start afresh for the RL steps that follow.
 
 After the warm start, a KL penalty of the RL method would anchor to the *base* weights (the
 LoRA adapter disabled), pulling the policy away from what the warm start taught: ``clawrl
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import random
 import time
@@ -54,6 +57,7 @@ from clawrl.harness.adapters.reference_agent import extract_command
 from clawrl.harness.samples import rollout_samples
 from clawrl.harness.tasks import Task
 from clawrl.store import RolloutPurpose, Store
+from clawrl.trainer.learner import Learner
 from clawrl.trainer.types import TrainSample
 
 log = logging.getLogger(__name__)
@@ -316,7 +320,7 @@ def warm_start_samples(store: Store, rollout_ids: Sequence[str]) -> list[TrainSa
 
 
 def warm_start(
-    trainer: Any,
+    learner: Learner,
     engine: Any,
     samples: Sequence[TrainSample],
     report: WarmStartReport,
@@ -331,9 +335,11 @@ def warm_start(
     until it serves.
 
     Args:
-        trainer: the run's :class:`clawrl.trainer.Trainer` (its LoRA carries on into the RL
-            steps after; its own method is restored, its optimizer and schedule reset).
-        engine: the engine serving the policy (the version is published to it).
+        learner: the run's learner (:class:`clawrl.trainer.learner.Learner`; its trainer's
+            LoRA carries on into the RL steps after, its own method is restored, its optimizer
+            and schedule reset); it checkpoints the version (meta ``warm_start``), writes the
+            replayed turns' ``samples`` rows and publishes it to ``engine``.
+        engine: the engine serving the policy.
         samples: from :func:`warm_start_samples`; each trained with advantage 1.
         report: records ``samples``, ``steps``, ``losses`` and ``version``.
         epochs: passes over ``samples``.
@@ -361,18 +367,21 @@ def warm_start(
     for _ in range(epochs):
         rng.shuffle(order)
         batches += [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    trainer = learner.trainer
     start = trainer.policy_version
     with _trainer_method(trainer, SFT_METHOD):
         for step, batch in enumerate(batches, 1):
             # every sample is on the version the trainer holds: no staleness drop
             batch = [dataclasses.replace(s, policy_version=trainer.policy_version) for s in batch]
-            metrics = call_in_transient_thread(trainer.train_step, batch)  # engine.threads
+            metrics = call_in_transient_thread(learner.train_only, batch)  # engine.threads
             report.steps += 1
             report.losses.append(-float(metrics.get("logprob/mean", float("nan"))))
             if on_step is not None:
                 on_step(step, len(batches), metrics)
     trainer.reset_optimizer()  # RL starts with fresh Adam moments and its own warm-up
-    version = call_in_transient_thread(trainer.publish, engine)
+    turn_ids = list(dict.fromkeys(s.turn_id for s in samples if s.turn_id))
+    commit = functools.partial(learner.commit, turn_ids, meta={"warm_start": True})
+    version = int(call_in_transient_thread(commit)["policy/version"])
     wait_for_version(engine, version)
     report.version = version
     log.info("warm start: %d samples, %d steps, published v%d (from v%d)", len(samples),
@@ -384,7 +393,7 @@ def run_warm_start(
     source: Store,
     runner: Any,
     scripted_engine: Any,
-    trainer: Any,
+    learner: Learner,
     engine: Any,
     tasks: Sequence[Task],
     *,
@@ -396,7 +405,7 @@ def run_warm_start(
     on_step: Callable[[int, int, dict[str, float]], None] | None = None,
 ) -> WarmStartReport:
     """The whole warm start: collect from ``source``, replay through ``runner``'s harnesses
-    (served by ``scripted_engine``), train ``trainer`` and publish to ``engine``.
+    (served by ``scripted_engine``), train through ``learner`` and publish to ``engine``.
 
     Args:
         source: the store holding the source rollouts (may be the run's own store).
@@ -435,7 +444,7 @@ def run_warm_start(
             f"{runner.store.target})"
         )
     samples = warm_start_samples(runner.store, passed)
-    warm_start(trainer, engine, samples, report, epochs=epochs, batch_size=batch_size,
+    warm_start(learner, engine, samples, report, epochs=epochs, batch_size=batch_size,
                seed=seed, on_step=on_step)  # fmt: skip
     report.wall_s = time.perf_counter() - t0
     return report

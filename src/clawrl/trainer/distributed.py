@@ -6,15 +6,22 @@ their environment; :func:`init_distributed` joins them into one process group (g
 NCCL on CUDA). Without torchrun it makes a group of one (an in-memory store), so the same
 sharded trainer, checkpoints included, runs in a single process. No RPC of clawrl's own: rank 0
 decides each batch and :func:`broadcast_object` hands it to the others.
+
+:func:`process_group` holds the group for a ``with`` block and leaves it on every way out; leaving
+normally, the ranks first meet in a barrier and this rank's gloo threads are stopped before the
+interpreter exits (:func:`shutdown_distributed`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import datetime
+import gc
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,10 +120,99 @@ def init_distributed(device: str = "cpu") -> DistEnv:
     return DistEnv(rank, world, local, dev, backend)
 
 
-def shutdown_distributed() -> None:
-    """Leave the process group (no-op when there is none)."""
-    if dist.is_initialized():
+def shutdown_distributed(env: DistEnv | None = None) -> None:
+    """Leave the process group (no-op when there is none).
+
+    Args:
+        env: this rank's place, given on the clean way out only, when every rank calls this
+            after its last collective: the ranks first meet in a barrier (gloo's barrier also
+            waits for every collective still in flight), so none closes its connections while a
+            peer still needs them; then the group's backend is released at once, which stops its
+            threads. Left out (an error path, where a peer may be gone or waiting in another
+            collective, so a barrier or a join could hang), the group is only destroyed, and its
+            threads end with the process.
+
+    ``destroy_process_group`` alone only forgets the group: its backend, with gloo's two worker
+    threads and its TCP loop thread, lives as long as anything refers to it, and the DeviceMesh
+    that FSDP2 shards over refers to it, kept by DTensor's sharding caches (global) and by the
+    trainer's FSDP modules. So without ``env`` every rank reaches interpreter teardown with
+    gloo's threads running, the state in which a rank can die of SIGABRT ("terminate called
+    without an active exception") instead of exiting.
+    """
+    if not dist.is_initialized():
+        return
+    clean = False
+    try:
+        if env is not None and env.world_size > 1:
+            dist.barrier()  # raises when a peer left instead: the group is destroyed all the same
+        clean = env is not None
+    finally:
+        groups = _groups()
         dist.destroy_process_group()
+        if clean:
+            _release(groups)
+
+
+def _groups() -> list[dist.ProcessGroup]:
+    """Every process group of this process (the default one and those made from it)."""
+    world = getattr(dist.distributed_c10d, "_world", None)
+    groups = list(getattr(world, "pg_map", None) or {})
+    default = dist.group.WORLD
+    if default is not None and not any(g is default for g in groups):
+        groups.append(default)
+    return groups
+
+
+def _release(groups: list[dist.ProcessGroup]) -> None:
+    """Drop the references that keep ``groups`` (destroyed) alive, then collect garbage: a
+    backend nothing else holds is destroyed here (gloo's destructor joins its threads).
+
+    The holders are torch's DeviceMesh (its ``_pg_registry``, used only by ``torch.compile``;
+    eager code resolves a group by name) and FSDP2's mesh info (its ``*_process_group``
+    attributes). Call only once every collective of ``groups`` has finished: the destructor
+    waits for them.
+    """
+    ids = {id(g) for g in groups}
+    holders = tuple(
+        cls
+        for module, name in (
+            ("torch.distributed.device_mesh", "DeviceMesh"),
+            ("torch.distributed.fsdp._fully_shard._fsdp_common", "DataParallelMeshInfo"),
+        )
+        if isinstance(cls := getattr(sys.modules.get(module), name, None), type)
+    )
+    if holders:
+        for obj in gc.get_objects():
+            if not issubclass(type(obj), holders):
+                continue
+            for attr, value in list(vars(obj).items()):
+                if id(value) in ids:
+                    setattr(obj, attr, None)
+                elif isinstance(value, dict):
+                    for key in [k for k, v in value.items() if id(v) in ids]:
+                        del value[key]
+    groups.clear()
+    gc.collect()
+
+
+@contextlib.contextmanager
+def process_group(device: str = "cpu") -> Iterator[DistEnv]:
+    """:func:`init_distributed` for a ``with`` block, left on every way out of it.
+
+    Leaving normally is collective: the ranks meet in a barrier, and this rank's gloo threads
+    are stopped before it goes on (``shutdown_distributed(env)``). Leaving by an exception, the
+    group is destroyed without waiting for the others, and the exception goes on.
+
+    Raises:
+        ConfigError: see :func:`init_distributed`.
+    """
+    env = init_distributed(device)
+    try:
+        yield env
+    except BaseException:
+        shutdown_distributed()
+        raise
+    shutdown_distributed(env)
 
 
 def broadcast_object(obj: Any, env: DistEnv) -> Any:

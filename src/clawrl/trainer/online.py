@@ -10,19 +10,17 @@ of a hinted turn come from ``engine.score`` on the hint-enhanced prompt
 (:func:`clawrl.trainer.samples.teacher_prompt_ids`) at the turn's own sampling temperature;
 ``teacher="base"`` scores with the LoRA adapter disabled (the frozen base weights).
 
-Exactly once: a step's sample ids are written into its checkpoint's meta before the
-``samples`` rows; on restart :meth:`OnlineLearner.resume` re-records any ids a crash left out,
-so no sample is trained twice and none is lost.
+A step is the one learner's (:class:`clawrl.trainer.learner.Learner`: optimizer step, version,
+checkpoint, ``samples`` rows exactly once, ``policy_versions``, publishing to the engine); this
+module decides which turns feed it and when.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import functools
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +29,7 @@ from clawrl.engine import Engine
 from clawrl.engine.threads import in_transient_thread
 from clawrl.errors import ClawrlError
 from clawrl.store import DropReason, JudgmentRecord, SampleRecord, Store, TurnRecord
+from clawrl.trainer.learner import Learner
 from clawrl.trainer.metrics import MetricsWriter
 from clawrl.trainer.samples import (
     HINT_TEMPLATE,
@@ -40,11 +39,9 @@ from clawrl.trainer.samples import (
     hinted_messages,
     make_sample,
     published,
-    record_checkpoint_samples,
     scored,
     stale_ids,
     teacher_prompt_ids,
-    trained_records,
     turn_temperature,
 )
 from clawrl.trainer.trainer import Trainer
@@ -54,17 +51,6 @@ __all__ = ["HINT_TEMPLATE", "SYSTEM_HINT_TEMPLATE", "LearnerState", "OnlineLearn
            "hinted_messages", "published"]  # fmt: skip
 
 log = logging.getLogger(__name__)
-
-
-def _report_publish(version: int, fut: concurrent.futures.Future[int]) -> None:
-    """Log a version the engine refused (e.g. no vLLM replica up): the trainer goes on, and
-    the next step's version replaces it (the engine serves the last version it took)."""
-    if fut.cancelled():
-        return
-    error = fut.exception()
-    if error is not None:
-        log.error("policy v%d was not published to the engine: %s (the next step's version "
-                  "replaces it)", version, error)  # fmt: skip
 
 
 @dataclass
@@ -109,6 +95,8 @@ class OnlineLearner:
         self.config: TrainerConfig = trainer.config
         self.needs: SampleNeeds = trainer.method.needs
         self.metrics = metrics
+        self.learner = Learner(trainer, store, engines=[engine], metrics=metrics)
+        """The one learner (:mod:`clawrl.trainer.learner`): steps, checkpoints, records, publishes."""
         self.state = LearnerState()
         self._ready: dict[str, TrainSample] = {}
         self._step_lock = asyncio.Lock()
@@ -120,24 +108,19 @@ class OnlineLearner:
     # ---------------------------------------------------------------- resume
 
     def resume(self) -> int:
-        """Restore the latest checkpoint, re-record its samples, republish its version.
+        """Restore the latest checkpoint, re-record its samples, republish its version
+        (:meth:`clawrl.trainer.learner.Learner.resume`).
 
         Returns:
             The policy version now served (0 when there was no checkpoint).
+
+        Raises:
+            ConfigError: no checkpoint, but the store holds versions another trainer published.
         """
-        meta = self.trainer.load_checkpoint()
-        if meta is None:
+        if self.learner.resume() is None:
             return self.engine.policy_version
-        record_checkpoint_samples(self.store, meta)
-        version = self.trainer.policy_version
-        if version > self.engine.policy_version:
-            weights = self.trainer.save_weights(version)
-            self.engine.load_policy(version, weights).result(timeout=600)
-            self.store.publish_policy_version(
-                published(version, weights, self.trainer.step, full=self.config.full_finetune)
-            )
         self.state.steps = self.trainer.step
-        return version
+        return self.trainer.policy_version
 
     # ---------------------------------------------------------------- collecting
 
@@ -213,38 +196,14 @@ class OnlineLearner:
         async with self._step_lock:
             turn_ids = list(self._ready)[: self.config.batch_size]
             samples = [self._ready[t] for t in turn_ids]
-            t0 = time.perf_counter()
-            # torch work in threads that end with it: a live one keeps an OpenMP team that
-            # slows the serving engine's thread between steps too (clawrl.engine.threads)
-            metrics = await in_transient_thread(
-                self.trainer.train_step, samples, finish_on_cancel=True
-            )
-            version = self.trainer.policy_version + 1
-            weights = await in_transient_thread(
-                self.trainer.save_weights, version, finish_on_cancel=True
-            )
-            self.trainer.policy_version = version
-            if self.trainer.step % max(1, self.config.checkpoint_every) == 0:
-                await in_transient_thread(
-                    self.trainer.save_checkpoint, {"turn_ids": turn_ids}, finish_on_cancel=True
-                )
-            await asyncio.to_thread(
-                self.store.record_samples, trained_records(turn_ids, self.trainer.step, version)
-            )
-            self.engine.load_policy(version, weights).add_done_callback(
-                functools.partial(_report_publish, version)
-            )
-            record = published(version, weights, self.trainer.step, full=self.config.full_finetune)
-            await asyncio.to_thread(self.store.publish_policy_version, record)
+            # the whole step (torch work, checkpoint, store records, publishing) in a thread that
+            # ends with it: a live one keeps an OpenMP team that slows the serving engine's
+            # thread between steps too (clawrl.engine.threads)
+            drops = {k: float(v) for k, v in self.state.drops.items()}
+            step = functools.partial(self.learner.step, samples, turn_ids, metrics=drops)
+            metrics = await in_transient_thread(step, finish_on_cancel=True)
             for t in turn_ids:
                 del self._ready[t]
-            metrics = {
-                **metrics,
-                **{k: float(v) for k, v in self.state.drops.items()},
-                "policy/version": float(version),
-                "time/step_total": time.perf_counter() - t0,
-            }
-            self.metrics.write(self.trainer.step, metrics)
             self.state.steps = self.trainer.step
             self.state.trained += len(turn_ids)
             self.state.ready = len(self._ready)

@@ -43,21 +43,19 @@ from typing import Any
 
 from clawrl.config import SampleNeeds, TrainerConfig
 from clawrl.errors import ClawrlError, ConfigError, TrainerError
-from clawrl.store import DropReason, SampleRecord, Store, WeightsKind
+from clawrl.store import DropReason, PolicyVersionRecord, SampleRecord, Store, WeightsKind
 from clawrl.store.leases import TRAINER_LEASE, Lease, holder_is_dead_here, lease_holder
 from clawrl.trainer.distributed import DistEnv, broadcast_object
 from clawrl.trainer.fsdp import ShardedTrainer
+from clawrl.trainer.learner import Learner
 from clawrl.trainer.metrics import MetricsWriter
 from clawrl.trainer.samples import (
     decide,
     drop_record,
     make_sample,
-    published,
-    record_checkpoint_samples,
     scored,
     stale_ids,
     teacher_prompt_ids,
-    trained_records,
 )
 from clawrl.trainer.types import TrainSample
 
@@ -226,12 +224,6 @@ class TrainerProcess:
         metrics: MetricsWriter | None = None,
         out: Callable[[str], None] = print,
     ) -> None:
-        if config.checkpoint_every != 1:
-            raise ConfigError(
-                "clawrl train checkpoints every step (trainer.checkpoint_every = 1): a step's "
-                "turn ids are in its checkpoint before their samples rows are written, which "
-                "is what makes a crash lose nothing and train nothing twice"
-            )
         if env.is_main and (store is None or tokenizer is None):
             raise ConfigError("rank 0 of clawrl train needs the store and the tokenizer")
         self.trainer = trainer
@@ -251,6 +243,16 @@ class TrainerProcess:
         self._ready: dict[str, tuple[TrainSample, list[int] | None]] = {}
         self.lease = TrainerLease(store, out=out) if env.is_main and store is not None else None
         """Rank 0's hold on the store's trainer lease (taken by :meth:`resume`)."""
+        self.learner = Learner(
+            trainer,
+            store,
+            writer=env.is_main,
+            metrics=metrics,
+            guard=self.lease.check if self.lease is not None else None,
+            on_publish=self._published_line,
+        )
+        """The one learner (:mod:`clawrl.trainer.learner`): every rank steps through it; rank 0
+        writes the samples rows, records the version and the metrics."""
 
     # ---------------------------------------------------------------- resume
 
@@ -269,30 +271,19 @@ class TrainerProcess:
         if self.lease is not None:
             # the other ranks wait in load_checkpoint's collectives meanwhile
             self.lease.take(lambda: self.stop_requested)
-        meta = self.trainer.load_checkpoint()
-        version = self.trainer.policy_version
+        meta = self.learner.restore()
         problem, publish = None, False
         if self.env.is_main:
-            assert self.store is not None
-            latest = self.store.latest_policy_version()
-            stored = latest.version if latest is not None else 0
-            if meta is None and stored > 0:
-                problem = (
-                    f"the store has policy versions up to v{stored}, published by another "
-                    f"trainer, and {self.trainer.output_dir} has no checkpoint: resume with "
-                    "that trainer's --output-dir (or use a new store)"
-                )
-            elif meta is not None:
-                assert self.lease is not None
-                self.lease.check()
-                record_checkpoint_samples(self.store, meta)
-                publish = stored < version
+            try:
+                publish = self.learner.reconcile(meta)
+            except ConfigError as e:
+                problem = str(e)
         problem, publish = broadcast_object((problem, publish), self.env)
         if problem is not None:
             raise ConfigError(problem)
         if publish:
-            self._publish(version, self.trainer.save_weights(version))
-        return version
+            self.learner.republish()
+        return self.trainer.policy_version
 
     # ---------------------------------------------------------------- rank 0: deciding
 
@@ -382,37 +373,20 @@ class TrainerProcess:
             teacher = self.trainer.teacher_logprobs(requests, base=self.needs.teacher == "base")
             for i, lp in zip(hinted, teacher, strict=True):
                 samples[i] = dataclasses.replace(samples[i], teacher_logprobs=lp)
-        metrics = self.trainer.train_step(samples)
-        version = self.trainer.policy_version + 1
-        weights = self.trainer.save_weights(version)
-        self.trainer.policy_version = version
-        self.trainer.save_checkpoint({"turn_ids": order.turn_ids})
-        metrics = {**metrics, "policy/version": float(version),
-                   **{k: float(v) for k, v in self.drops.items()}}  # fmt: skip
+        drops = {k: float(v) for k, v in self.drops.items()}
+        metrics = self.learner.step(samples, order.turn_ids, metrics=drops)
         if self.env.is_main:
-            assert self.store is not None and self.lease is not None
-            self.lease.check()
-            self.store.record_samples(trained_records(order.turn_ids, self.trainer.step, version))
             for t in order.turn_ids:
                 del self._ready[t]
             metrics["time/step_total"] = time.perf_counter() - t0
-            if self.metrics is not None:
-                self.metrics.write(self.trainer.step, metrics)
             self.out(step_line(metrics, self.env.world_size, sum(self.drops.values())))
-            self._publish(version, weights)
         return metrics
 
-    def _publish(self, version: int, weights: Any) -> None:
-        """Rank 0: record ``version`` in the store (gateways load it from there)."""
-        if not self.env.is_main:
-            return
-        assert self.store is not None and self.lease is not None
-        self.lease.check()
-        record = published(version, weights, self.trainer.step, full=self.config.full_finetune)
-        self.store.publish_policy_version(record)
+    def _published_line(self, record: PolicyVersionRecord) -> None:
+        """Rank 0: the console line of a version recorded in the store."""
         kind = "full weights" if record.weights_kind == WeightsKind.FULL else "LoRA adapter"
-        self.out(f"{time.strftime('%H:%M:%S')} published policy v{version} "
-                 f"({kind} {record.weights}, step {self.trainer.step})")  # fmt: skip
+        self.out(f"{time.strftime('%H:%M:%S')} published policy v{record.version} "
+                 f"({kind} {record.weights}, step {record.step})")  # fmt: skip
 
     def close(self) -> None:
         """Give the trainer lease up; close the metrics writer and the store this process was

@@ -1,4 +1,4 @@
-"""The policy trainer: LoRA (or full) fine-tuning with clawrl's RL losses, publishing versions.
+"""The policy trainer: LoRA (or full) fine-tuning with clawrl's RL losses, saving versions.
 
 One :meth:`Trainer.train_step` = one optimizer step over a batch of :class:`TrainSample`:
 
@@ -17,8 +17,9 @@ One :meth:`Trainer.train_step` = one optimizer step over a batch of :class:`Trai
    normalisers), so that gradient accumulation over micro-batches equals one full-batch step;
 4. clip the gradient norm, step AdamW and the warmup schedule.
 
-:meth:`Trainer.publish` then saves the weights as policy version v+1 and hands them to the
-engine, which swaps them in between requests.
+:meth:`Trainer.save_weights` saves the weights as a policy version; numbering it, the
+checkpoint, the store's records and publishing are the learner's
+(:class:`clawrl.trainer.learner.Learner`).
 
 ``old_logprobs`` (the policy before this optimizer step) are the trainer's own log-probs without
 gradient: one optimizer step is taken per batch, so the weights do not change between the
@@ -51,7 +52,6 @@ from clawrl.algorithms import (
     drop_stale,
 )
 from clawrl.config import TrainedMethod, TrainerConfig
-from clawrl.engine import Engine
 from clawrl.errors import ConfigError, TrainerError
 from clawrl.trainer.batch import Batch, TokenLogprobs, collate, step_reward_inputs
 from clawrl.trainer.types import TrainSample
@@ -402,17 +402,6 @@ class Trainer:
         self.model.save_pretrained(str(tmp))  # type: ignore[operator]
         replace_dir(tmp, target)
         return target
-
-    def publish(self, engine: Engine) -> int:
-        """Save weights as version v+1 and queue them on ``engine``; returns v+1.
-
-        The engine swaps them in between requests (requests in flight finish on v); the future
-        :meth:`clawrl.engine.Engine.load_policy` returns is not awaited here."""
-        version = self.policy_version + 1
-        weights = self.save_weights(version)
-        engine.load_policy(version, weights)
-        self.policy_version = version
-        return version
 
     # ----------------------------------------------------------------- checkpoints
 

@@ -1,0 +1,286 @@
+"""The one learner: a training step end to end, for every way clawrl trains.
+
+Four sources feed it samples and differ only in where the samples come from and in what they wait
+for: the online loop in the gateway (:mod:`clawrl.trainer.online`: judged turns of live
+traffic), ``clawrl train`` (:mod:`clawrl.trainer.process`: the same turns read from the store, on
+one process or torchrun ranks), harness RL (:mod:`clawrl.harness.loop`: rollout groups with
+verifier rewards) and the warm start (:mod:`clawrl.harness.warmstart`: replayed demonstrations).
+Each calls :meth:`Learner.step` with a batch and the turn ids it holds; the learner then, in this
+order:
+
+1. takes the optimizer step (:meth:`clawrl.trainer.Trainer.train_step`);
+2. numbers the new version: one past the trainer's (:meth:`Learner.next_version`, the only place
+   a policy version is incremented); the store's ``policy_versions`` is the record of which
+   versions exist, and a store holding a newer version than this trainer's is refused;
+3. saves the weights as ``OUTPUT_DIR/policies/vN``;
+4. writes a checkpoint holding the step's turn ids (and what the source adds: the harness step);
+5. writes the turns' ``samples`` rows (after the checkpoint: a crash before it redoes the step
+   from the same turns, a crash after it re-records the rows from the checkpoint on
+   :meth:`Learner.resume`; so every turn is trained exactly once);
+6. records vN in ``policy_versions`` (every gateway replica loads it from there) and queues it on
+   the engines it serves (requests in flight finish on the old version);
+7. writes the step's metrics once.
+
+Every step is checkpointed: ``trainer.checkpoint_every`` other than 1 is refused here, the one
+place (a step not in a checkpoint would either lose its turns on a crash or train them twice).
+
+With several ranks (FSDP2), every rank calls :meth:`step` (steps 1, 3 and 4 are collective) and
+only the writer (rank 0) touches the store, the engines and the metrics.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from clawrl.engine import Engine
+from clawrl.errors import ConfigError, TrainerError
+from clawrl.store import PolicyVersionRecord, Store
+from clawrl.trainer.metrics import MetricsWriter
+from clawrl.trainer.samples import published, record_checkpoint_samples, trained_records
+from clawrl.trainer.trainer import Trainer
+from clawrl.trainer.types import TrainSample
+
+log = logging.getLogger(__name__)
+
+
+def _report_publish(version: int, fut: concurrent.futures.Future[int]) -> None:
+    """Log a version the engine refused (e.g. no vLLM replica up): the trainer goes on, and
+    the next step's version replaces it (the engine serves the last version it took)."""
+    if fut.cancelled():
+        return
+    error = fut.exception()
+    if error is not None:
+        log.error("policy v%d was not published to the engine: %s (the next step's version "
+                  "replaces it)", version, error)  # fmt: skip
+
+
+class Learner:
+    """Owns a training step end to end (module docstring).
+
+    Args:
+        trainer: the trainable policy (:class:`Trainer`, or a
+            :class:`clawrl.trainer.fsdp.ShardedTrainer` on each rank).
+        store: the trajectory store (``None`` only on a rank that does not write).
+        engines: engines to queue each new version on (none for ``clawrl train``: gateways load
+            versions from ``policy_versions``).
+        writer: whether this process writes the store, the metrics and publishes (rank 0).
+        metrics: where each step's metrics go (``None``: the source writes none).
+        guard: called before every store write (``clawrl train``: checks the trainer lease).
+        on_publish: called with each version recorded (``clawrl train`` prints a line).
+
+    Raises:
+        ConfigError: ``trainer.config.checkpoint_every`` is not 1, or a writer has no store.
+    """
+
+    def __init__(
+        self,
+        trainer: Trainer,
+        store: Store | None,
+        *,
+        engines: Sequence[Engine] = (),
+        writer: bool = True,
+        metrics: MetricsWriter | None = None,
+        guard: Callable[[], None] | None = None,
+        on_publish: Callable[[PolicyVersionRecord], None] | None = None,
+    ) -> None:
+        if trainer.config.checkpoint_every != 1:
+            raise ConfigError(
+                f"trainer.checkpoint_every = {trainer.config.checkpoint_every}: clawrl "
+                "checkpoints every training step (set it to 1): a step's turn ids are in its "
+                "checkpoint before their samples rows are written, which is what makes a crash "
+                "lose nothing and train nothing twice"
+            )
+        if writer and store is None:
+            raise ConfigError("the learner that writes (rank 0) needs the store")
+        self.trainer = trainer
+        self.store = store
+        self.engines = list(engines)
+        self.writer = writer
+        self.metrics = metrics
+        self.guard = guard if guard is not None else (lambda: None)
+        self.on_publish = on_publish
+
+    @property
+    def policy_version(self) -> int:
+        """The version the trainer's weights are (0 before the first step)."""
+        return self.trainer.policy_version
+
+    # ---------------------------------------------------------------- versions
+
+    def stored_version(self) -> int:
+        """The newest version in the store's ``policy_versions`` (0 before the first)."""
+        assert self.store is not None
+        latest = self.store.latest_policy_version()
+        return latest.version if latest is not None else 0
+
+    def next_version(self) -> int:
+        """The number of the version the next step produces: one past the trainer's. The only
+        place a policy version is incremented.
+
+        Raises:
+            TrainerError: (writer) the store already holds a newer version than the trainer's
+                (another trainer published on this store).
+        """
+        version = self.trainer.policy_version + 1
+        if self.writer and (stored := self.stored_version()) >= version:
+            raise TrainerError(
+                f"the store already holds policy v{stored} and this trainer is at "
+                f"v{self.trainer.policy_version}: another trainer published on this store "
+                "(one trainer per store; resume with its output directory)"
+            )
+        return version
+
+    # ---------------------------------------------------------------- resume
+
+    def resume(self) -> dict[str, Any] | None:
+        """Restore the latest checkpoint; re-record the ``samples`` rows and republish the
+        version a crash left out. One process; with several ranks call :meth:`restore`,
+        :meth:`reconcile` (the writer) and :meth:`republish` (every rank, when it said so).
+
+        Returns:
+            The checkpoint's meta (``step``, ``policy_version``, ``turn_ids`` and what the
+            source added), or ``None`` without one.
+
+        Raises:
+            ConfigError: no checkpoint here but the store holds versions another trainer
+                published (they would collide with this trainer's).
+            TrainerError: a checkpoint that does not fit the model.
+        """
+        meta = self.restore()
+        behind = any(e.policy_version < self.trainer.policy_version for e in self.engines)
+        if self.reconcile(meta) or (meta is not None and behind):
+            self.republish()
+        return meta
+
+    def restore(self) -> dict[str, Any] | None:
+        """Load the latest checkpoint into the trainer (collective); returns its meta."""
+        return self.trainer.load_checkpoint()
+
+    def reconcile(self, meta: dict[str, Any] | None) -> bool:
+        """Writer: check the store against the restored checkpoint ``meta`` and re-record the
+        ``samples`` rows of its step; returns whether its version must be published again
+        (the crash came between the checkpoint and the store's record).
+
+        Raises:
+            ConfigError: no checkpoint but the store holds versions (see :meth:`resume`).
+        """
+        stored = self.stored_version()
+        if meta is None:
+            if stored > 0:
+                raise ConfigError(
+                    f"the store has policy versions up to v{stored}, published by another "
+                    f"trainer, and {self.trainer.output_dir} has no checkpoint: resume with "
+                    "that trainer's output directory (or use a new store)"
+                )
+            return False
+        assert self.store is not None
+        self.guard()
+        record_checkpoint_samples(self.store, meta)
+        return stored < self.trainer.policy_version
+
+    def republish(self) -> None:
+        """Save the restored version's weights again (collective) and, on the writer, record
+        it (again: the store keeps one record of a version) and queue it on the engines;
+        waits until they serve it."""
+        version = self.trainer.policy_version
+        weights = self.trainer.save_weights(version)
+        if self.writer:
+            self._publish(version, weights, wait=True)
+
+    # ---------------------------------------------------------------- the step
+
+    def step(
+        self,
+        samples: Sequence[TrainSample],
+        turn_ids: Sequence[str],
+        *,
+        meta: Mapping[str, Any] | None = None,
+        metrics: Mapping[str, float] | None = None,
+        metrics_step: int | None = None,
+    ) -> dict[str, float]:
+        """One step (module docstring, 1-7) on ``samples``, which train ``turn_ids``.
+
+        Args:
+            samples: the batch (:class:`TrainSample`, in the order the loss sums them).
+            turn_ids: the turns the batch trains (their ``samples`` rows are written).
+            meta: kept in the checkpoint beside the turn ids (e.g. ``{"harness_step": 3}``).
+            metrics: the source's own metrics of this step, written with the trainer's.
+            metrics_step: the index the metrics are written at (default: the trainer's step).
+
+        Returns:
+            The step's metrics (the trainer's, ``policy/version``, ``time/step_total`` and the
+            source's).
+
+        Raises:
+            TrainerError: the step failed (nothing was written), or the store holds a newer
+                version (:meth:`next_version`).
+        """
+        t0 = time.perf_counter()
+        trained = self.trainer.train_step(list(samples))
+        return self.commit(turn_ids, meta=meta, metrics={**trained, **(metrics or {})},
+                           metrics_step=metrics_step, started=t0)  # fmt: skip
+
+    def commit(
+        self,
+        turn_ids: Sequence[str],
+        *,
+        meta: Mapping[str, Any] | None = None,
+        metrics: Mapping[str, float] | None = None,
+        metrics_step: int | None = None,
+        started: float | None = None,
+    ) -> dict[str, float]:
+        """Steps 2-7 of the module docstring for the weights the trainer holds now: number the
+        version, save it, checkpoint (with ``turn_ids`` and ``meta``), write the ``samples``
+        rows, record and publish it, write ``metrics``. :meth:`step` calls it after its
+        optimizer step; the warm start after its :meth:`train_only` steps.
+
+        Returns:
+            ``metrics`` with ``policy/version`` (and ``time/step_total``, the seconds since
+            ``started``, a ``time.perf_counter()`` value, when given).
+
+        Raises:
+            TrainerError: the store holds a newer version (:meth:`next_version`).
+        """
+        version = self.next_version()
+        weights = self.trainer.save_weights(version)
+        self.trainer.policy_version = version
+        self.trainer.save_checkpoint({"turn_ids": list(turn_ids), **(meta or {})})
+        out = {**(metrics or {}), "policy/version": float(version)}
+        if not self.writer:
+            return out
+        assert self.store is not None
+        self.guard()
+        self.store.record_samples(trained_records(list(turn_ids), self.trainer.step, version))
+        self._publish(version, weights)
+        if started is not None:
+            out["time/step_total"] = time.perf_counter() - started
+        if self.metrics is not None:
+            self.metrics.write(self.trainer.step if metrics_step is None else metrics_step, out)
+        return out
+
+    def train_only(self, samples: Sequence[TrainSample]) -> dict[str, float]:
+        """An optimizer step that publishes and records nothing: the warm start's inner steps,
+        whose weights the next :meth:`step` publishes as one version."""
+        return dict(self.trainer.train_step(list(samples)))
+
+    def _publish(self, version: int, weights: Any, *, wait: bool = False) -> None:
+        """Record ``version`` in ``policy_versions`` and queue it on the engines."""
+        assert self.store is not None
+        for engine in self.engines:
+            fut = engine.load_policy(version, weights)
+            if wait:
+                fut.result(timeout=600)
+            else:
+                fut.add_done_callback(functools.partial(_report_publish, version))
+        self.guard()
+        record = published(
+            version, weights, self.trainer.step, full=self.trainer.config.full_finetune
+        )
+        self.store.publish_policy_version(record)
+        if self.on_publish is not None:
+            self.on_publish(record)
