@@ -14,6 +14,7 @@ import pytest
 
 from clawrl.config import TrainerConfig
 from clawrl.engine.scripted import ScriptedEngine
+from clawrl.errors import ConfigError, TrainerError
 from clawrl.gateway import create_app
 from clawrl.harness.loop import HarnessRunner, HarnessSettings, eval_row, evaluate, train
 from clawrl.harness.samples import step_samples
@@ -132,3 +133,51 @@ def test_eval_reports_pass_at_k(tmp_path, tiny):
     assert again == row
     assert row.rollouts == 2 and row.verifier_errors == 0
     assert row.pass_at_1 == pytest.approx(0.5) and row.pass_at_k == pytest.approx(1.0)
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_run_resumes_at_the_next_step_and_trains_no_group_twice(tmp_path, tiny):
+    """Step 1, then a new process (a new trainer on the same output directory, as ``clawrl
+    harness train`` run again on the same ``--out``): it restores step 1's checkpoint, goes on
+    at step 2 with the next task, and the store records each step's group and version once."""
+    from clawrl.harness.loop import resume_point
+    from clawrl.models import tiny_policy
+
+    engine = _engine(tiny.tokenizer)
+    task = load_task(BUILTIN_TASKS / "create-file-0")
+    settings = HarnessSettings(harnesses=["reference"], group_size=2, parallel=2)
+    config = TrainerConfig(
+        method={"kind": "grpo", "loss": {"kl": {"beta": 0.0}}}, micro_batch_size=2, lr=1e-3
+    )
+    with Store(tmp_path / "s.db") as store:
+        app = create_app(engine, tiny.tokenizer, store, model_name="policy")
+        first = Learner(Trainer(tiny.model, config, tmp_path / "run"), store, engines=[engine])
+        runner = HarnessRunner(app, store, settings)
+        try:
+            train(runner, first, engine, [task], steps=1, tasks_per_step=1)
+        finally:
+            runner.close()
+        run_ids = [runner.run_id]
+        # the "restarted process": fresh weights, everything else from the output directory
+        second = Learner(
+            Trainer(tiny_policy(seed=0).model, config, tmp_path / "run"), store, engines=[engine]
+        )
+        start = resume_point(second.resume())
+        assert (start.step, start.cursor) == (1, 1) and second.policy_version == 1
+        runner = HarnessRunner(app, store, settings)
+        try:
+            history = train(runner, second, engine, [task], steps=2, tasks_per_step=1,
+                            start=start)  # fmt: skip
+        finally:
+            runner.close()
+        run_ids.append(runner.run_id)
+        assert [m["policy/version"] for m in history] == [2.0]  # only step 2 ran
+        steps = sorted(g.step for r in run_ids for g in store.rollout_groups(r))
+        assert steps == [1, 2]  # no step's group ran (or trained) twice
+        assert [v.version for v in store.policy_versions()] == [1, 2]
+        # a trainer whose store is ahead of it is refused before it publishes a clashing version
+        stale = Learner(Trainer(tiny.model, config, tmp_path / "other"), store)
+        with pytest.raises(TrainerError, match="another trainer"):
+            stale.next_version()
+        with pytest.raises(ConfigError, match="no checkpoint"):
+            stale.resume()
