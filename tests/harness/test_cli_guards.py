@@ -51,3 +51,22 @@ def test_waiting_for_a_version_that_never_serves_is_an_error():
         wait_for_version(engine, 2, timeout_s=0.1)  # type: ignore[arg-type]
     engine.policy_version = 2
     wait_for_version(engine, 2, timeout_s=0.1)
+
+
+def test_a_resumed_run_keeps_its_task_stream_and_may_change_the_rest(tmp_path):
+    """``harness train`` on an ``--out`` with checkpoints resumes: what decides the tasks of each
+    step must be as before; more steps, trainer settings and warm-start flags may change."""
+    import json
+
+    from clawrl.cli.harness import _check_same_run
+    from clawrl.errors import ConfigError
+
+    run = {"model": "m", "harness": "reference", "tasks": "builtin", "split": "train",
+           "match": None, "limit": None, "time_limit": None, "tasks_per_step": 4,
+           "group_size": 4, "steps": 2, "trainer": {"lr": 1e-3}, "warm_start": "src"}  # fmt: skip
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    _check_same_run(tmp_path, {**run, "steps": 20, "trainer": {"lr": 5e-4}, "warm_start": None})
+    with pytest.raises(ConfigError, match="split: 'train' -> 'heldout'"):
+        _check_same_run(tmp_path, {**run, "split": "heldout"})
+    with pytest.raises(ConfigError, match="limit"):
+        _check_same_run(tmp_path, {**run, "limit": 3})

@@ -279,7 +279,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     args.warm_start_epochs = 2 if args.warm_start_epochs is None else args.warm_start_epochs
     args.warm_start_per_task = 2 if args.warm_start_per_task is None else args.warm_start_per_task
     resuming = any((out / "checkpoints").glob("step-*"))
-    if not resuming and (stale := _published(out)):
+    if not resuming and (stale := _published(out)) and _recorded_versions(out):
         raise ConfigError(
             f"{out} already holds policy versions ({', '.join(stale[:5])}...) and no "
             "checkpoint to resume from: a second run into it would mix the two runs' "
@@ -292,7 +292,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             "harness train publishes LoRA adapters (policies/vN) for eval and export; "
             "--full-finetune (trainer.full_finetune) is not supported in harness mode"
         )
-    if args.warm_start:
+    if args.warm_start and not resuming:  # a resumed run's warm start is done
         _check_warm_start(args, cfg)
     cfg = cfg.model_copy(
         update={"trainer": cfg.trainer.model_copy(update={"output_dir": str(out)})}
@@ -300,7 +300,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     run = {
         "model": args.model, "harness": args.harness, "tasks": args.tasks, "split": args.split,
-        "match": args.match, "warm_start": args.warm_start,
+        "match": args.match, "limit": args.limit, "time_limit": args.time_limit,
+        "warm_start": args.warm_start,
         "warm_start_epochs": args.warm_start_epochs,
         "warm_start_per_task": args.warm_start_per_task,
         "steps": args.steps, "tasks_per_step": args.tasks_per_step,
@@ -309,6 +310,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     }  # fmt: skip
     if resuming:
         _check_same_run(out, run)
+        _check_resumed_warm_start(out, args.steps, cfg)
     else:
         (out / "run.json").write_text(json.dumps(run, indent=2, default=str))
     policy = _policy(args, cfg)
@@ -371,8 +373,39 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-_RESUME_FREE = ("started", "steps")
-"""``run.json`` fields a resumed run may change (more ``--steps``)."""
+_RESUME_SAME = ("model", "harness", "tasks", "split", "match", "limit", "time_limit",
+                "tasks_per_step", "group_size")  # fmt: skip
+"""``run.json`` fields a resumed run must keep: they decide which tasks each step trains and
+how (more ``--steps``, a warm start's flags, or trainer settings such as ``--kl-beta`` or the
+micro-batch size may change; ``run.json`` keeps the first run's)."""
+
+
+def _check_resumed_warm_start(out: Path, steps: int, cfg: Any) -> None:
+    """Refuse RL steps with a KL penalty after ``out``'s warm start (see
+    :func:`_check_warm_start`): the penalty's reference is the base weights.
+
+    Raises:
+        ConfigError: the run started with a warm start and the method has ``kl.beta > 0``.
+    """
+    warm = json.loads((out / "run.json").read_text()).get("warm_start")
+    beta = cfg.trainer.method.loss.kl.beta
+    if warm and steps > 0 and beta > 0:
+        raise ConfigError(
+            f"{out} started with a warm start: RL steps with a KL penalty (beta {beta}) would "
+            "pull the policy back to the base weights; add --kl-beta 0"
+        )
+
+
+def _recorded_versions(out: Path) -> bool:
+    """Whether ``out``'s store records a published version (policy folders without one are
+    left by a run killed before its first checkpoint: the rerun overwrites them)."""
+    from clawrl.store import Store
+
+    path = out / "store.db"
+    if not path.is_file():
+        return True  # folders without a store: not a harness run of ours, keep them
+    with Store(path) as store:
+        return store.latest_policy_version() is not None
 
 
 def _check_same_run(out: Path, run: dict[str, Any]) -> None:
@@ -387,7 +420,7 @@ def _check_same_run(out: Path, run: dict[str, Any]) -> None:
         raise ConfigError(f"{out} has checkpoints but no run.json: not a clawrl harness run")
     before = json.loads(path.read_text())
     now = json.loads(json.dumps(run, default=str))
-    differ = [k for k in now if k not in _RESUME_FREE and before.get(k) != now[k]]
+    differ = [k for k in _RESUME_SAME if before.get(k) != now.get(k)]
     if differ:
         shown = "; ".join(f"{k}: {before.get(k)!r} -> {now[k]!r}" for k in differ)
         raise ConfigError(

@@ -221,7 +221,12 @@ class TrainerConfig(_Section):
     output_dir: str = Field(
         "runs/online", min_length=1, description="Versions, checkpoints and metrics."
     )
-    checkpoint_every: int = Field(1, ge=1, description="Checkpoint every N steps.")
+    checkpoint_every: int = Field(
+        1,
+        ge=1,
+        description="Checkpoint every N steps: must be 1 (every step is checkpointed before its "
+        "samples rows are written, so a crash trains nothing twice); other values are refused.",
+    )
     keep_checkpoints: int = Field(
         0, ge=0, description="Keep only the newest N checkpoints (0: keep every one)."
     )

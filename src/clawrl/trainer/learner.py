@@ -72,6 +72,9 @@ class Learner:
         metrics: where each step's metrics go (``None``: the source writes none).
         guard: called before every store write (``clawrl train``: checks the trainer lease).
         on_publish: called with each version recorded (``clawrl train`` prints a line).
+        check_store: whether :meth:`next_version` reads the store before each step's collective
+            save (``False`` on torchrun ranks, where rank 0 raising there would leave the others
+            waiting in the collective; the trainer lease keeps a second trainer off the store).
 
     Raises:
         ConfigError: ``trainer.config.checkpoint_every`` is not 1, or a writer has no store.
@@ -87,6 +90,7 @@ class Learner:
         metrics: MetricsWriter | None = None,
         guard: Callable[[], None] | None = None,
         on_publish: Callable[[PolicyVersionRecord], None] | None = None,
+        check_store: bool = True,
     ) -> None:
         if trainer.config.checkpoint_every != 1:
             raise ConfigError(
@@ -104,6 +108,7 @@ class Learner:
         self.metrics = metrics
         self.guard = guard if guard is not None else (lambda: None)
         self.on_publish = on_publish
+        self.check_store = check_store
 
     @property
     def policy_version(self) -> int:
@@ -127,7 +132,7 @@ class Learner:
                 (another trainer published on this store).
         """
         version = self.trainer.policy_version + 1
-        if self.writer and (stored := self.stored_version()) >= version:
+        if self.writer and self.check_store and (stored := self.stored_version()) >= version:
             raise TrainerError(
                 f"the store already holds policy v{stored} and this trainer is at "
                 f"v{self.trainer.policy_version}: another trainer published on this store "

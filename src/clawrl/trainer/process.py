@@ -250,6 +250,7 @@ class TrainerProcess:
             metrics=metrics,
             guard=self.lease.check if self.lease is not None else None,
             on_publish=self._published_line,
+            check_store=env.world_size == 1,
         )
         """The one learner (:mod:`clawrl.trainer.learner`): every rank steps through it; rank 0
         writes the samples rows, records the version and the metrics."""
