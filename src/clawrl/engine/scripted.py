@@ -16,10 +16,10 @@ import concurrent.futures
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from clawrl.engine import Completion, EngineStats, FinishReason, SamplingParams, TokenEvent
+from clawrl.engine.types import InProcessFacts
 from clawrl.errors import ContextLengthError, EngineClosedError, EngineError
 from clawrl.models import tokenizer_fingerprint
 
@@ -30,7 +30,7 @@ Reply = str | list[int] | BaseException
 as given), or an exception to raise instead."""
 
 
-class ScriptedEngine:
+class ScriptedEngine(InProcessFacts):
     """An :class:`clawrl.engine.Engine` whose completions are scripted texts.
 
     Each call takes the next reply from ``replies`` (then ``default_reply`` when they run out),
@@ -234,18 +234,6 @@ class ScriptedEngine:
         fut: concurrent.futures.Future[int] = concurrent.futures.Future()
         fut.set_result(version)
         return fut
-
-    @property
-    def available(self) -> bool:
-        """Whether the engine takes requests (until :meth:`close`)."""
-        return not self._closed
-
-    needs_base_adapter = False
-    """In-process weights: the base is served as is, no adapter needed."""
-
-    def use_base_adapter(self, adapter_dir: str | Path) -> None:
-        """Nothing to do: this engine serves the base weights themselves (see
-        :attr:`clawrl.engine.Engine.needs_base_adapter`)."""
 
     def close(self) -> None:
         """Refuse further requests."""

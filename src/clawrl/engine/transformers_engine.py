@@ -49,7 +49,14 @@ import torch
 from clawrl.engine import inputs
 from clawrl.engine.lora import MergedLora, UnsupportedAdapter, lora_deltas
 from clawrl.engine.sampling import is_greedy, processed_logprobs, sample_rows
-from clawrl.engine.types import Completion, EngineStats, FinishReason, SamplingParams, TokenEvent
+from clawrl.engine.types import (
+    Completion,
+    EngineStats,
+    FinishReason,
+    InProcessFacts,
+    SamplingParams,
+    TokenEvent,
+)
 from clawrl.errors import EngineClosedError, EngineError
 
 log = logging.getLogger(__name__)
@@ -98,7 +105,7 @@ class _Row:
     pending: TokenEvent | None = None  # the event of the token sampled this step
 
 
-class TransformersEngine:
+class TransformersEngine(InProcessFacts):
     """Token-level engine on a ``transformers`` causal LM (the default backend).
 
     Args:
@@ -326,18 +333,6 @@ class TransformersEngine:
         fut: concurrent.futures.Future[int] = concurrent.futures.Future()
         self._inbox.put(_SwapRequest(int(version), weights, fut))
         return fut
-
-    @property
-    def available(self) -> bool:
-        """Whether the engine takes requests (until :meth:`close`)."""
-        return not self._closed
-
-    needs_base_adapter = False
-    """In-process weights: the base is served as is, no adapter needed."""
-
-    def use_base_adapter(self, adapter_dir: str | Path) -> None:
-        """Nothing to do: this engine serves the base weights themselves (see
-        :attr:`clawrl.engine.Engine.needs_base_adapter`)."""
 
     def close(self) -> None:
         """Stop the engine thread; pending and running requests get :class:`EngineClosedError`."""

@@ -233,3 +233,23 @@ class Engine(Protocol):
         """Stop serving: pending and running requests end with ``EngineClosedError``; later
         calls raise it. Idempotent."""
         ...
+
+
+class InProcessFacts:
+    """The :class:`Engine` facts every engine that holds its weights in this process shares
+    (:class:`~clawrl.engine.TransformersEngine`, :class:`~clawrl.engine.scripted.ScriptedEngine`):
+    available until closed (the subclass sets ``_closed``), the base weights served as they are."""
+
+    _closed: bool
+
+    @property
+    def available(self) -> bool:
+        """Whether the engine takes requests (until ``close``)."""
+        return not self._closed
+
+    needs_base_adapter = False
+    """In-process weights: the base is served as is, no adapter needed."""
+
+    def use_base_adapter(self, adapter_dir: str | Path) -> None:
+        """Nothing to do: this engine serves the base weights themselves (see
+        :attr:`Engine.needs_base_adapter`)."""
