@@ -29,7 +29,8 @@ The runtime owns what it built (engines, store) and closes it; what the caller p
 (a policy, a store, a judge) stays the caller's.
 
 The separate processes are built here too: :func:`build_judge_worker` (``clawrl judge worker``)
-and :func:`build_trainer_process` (``clawrl train``, one rank of it under torchrun).
+and :func:`build_trainer_process` (``clawrl train``, one rank of it under torchrun), and harness
+mode's warm-start gateway over scripted replies, :func:`build_replay_gateway`.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from clawrl.store import Store
 
 if TYPE_CHECKING:
     from clawrl.dashboard import DashboardSource
+    from clawrl.engine.scripted import ScriptedEngine
     from clawrl.gateway.server import LiveServer
     from clawrl.gateway.versions import VersionFollower
     from clawrl.judge import Judge
@@ -421,6 +423,31 @@ def build_runtime(
         dashboard=dashboard, follows_versions=follower is not None, follower=follower,
         _owned=owned,
     )  # fmt: skip
+
+
+@dataclass
+class ReplayGateway:
+    """A gateway over a :class:`clawrl.engine.scripted.ScriptedEngine`: harness mode's warm
+    start replays recorded commands through a harness with it (:mod:`clawrl.harness.warmstart`),
+    recording into the run's store like the policy's own gateway.
+
+    Attributes:
+        engine: the scripted engine (the warm start sets each rollout's replies on it).
+        app: the gateway app over it (for :class:`clawrl.harness.loop.HarnessRunner`).
+    """
+
+    engine: ScriptedEngine
+    app: Any
+
+
+def build_replay_gateway(policy: Any, store: Store, *, model_name: str) -> ReplayGateway:
+    """The warm start's gateway: ``policy``'s tokenizer and chat template over a scripted
+    engine, recording into ``store`` under ``model_name`` (the policy's served name)."""
+    from clawrl.engine.scripted import ScriptedEngine
+    from clawrl.gateway import create_app
+
+    engine = ScriptedEngine(policy.tokenizer)
+    return ReplayGateway(engine, create_app(engine, policy.tokenizer, store, model_name=model_name))
 
 
 def build_judge_worker(

@@ -204,7 +204,7 @@ def test_cli_warm_start_only(tmp_path, tokenizer, capsys):
     [
         ([], "no store at"),
         (["--harness", "claude-code"], "no warm-start reply format"),
-        (["--warm-start-epochs", "0"], "must be >= 1"),
+        (["--warm-start-epochs", "0"], "harness.warm_start_epochs: Input should be greater"),
         (["--split", "heldout"], "not with --split heldout"),
     ],
 )

@@ -10,16 +10,21 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from clawrl.cli.common import add_config_options
+from clawrl.cli.common import add_config_options, with_model_flags
 from clawrl.cli.options import (
+    add_engine_options,
     add_judge_options,
     add_method_option,
     add_trainer_options,
-    config_with_flags,
+    apply_flags,
 )
+from clawrl.config import Config, HarnessConfig, OffMethod, load_raw, validate_config
 from clawrl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from clawrl.runtime import Runtime
 
 EPILOG = """\
 examples:
@@ -29,6 +34,10 @@ examples:
   clawrl harness eval --tasks builtin --harness reference --k 4 --run runs/h1 --version 5
   clawrl harness eval --split heldout --k 4 --run runs/h1 --version 0,5   # before vs after
   clawrl harness train --tasks builtin --harness reference,mini-swe-agent --steps 2 --out runs/mix
+
+settings from a file (flags override it; any field: --set harness.KEY=VALUE, see [harness]):
+  clawrl harness eval --config harness.toml --set harness.k=2 --set harness.limit=4
+  clawrl harness train --config harness.toml --engine vllm --out runs/h2
 
 outcome-only vs integrated PRM + outcome, from the same start (same model, tasks, seed):
   clawrl harness train --method grpo --steps 5 --out runs/outcome
@@ -55,9 +64,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
     t = hsub.add_parser("train", help="GRPO through harness rollouts")
     _common(t)
-    t.add_argument("--group-size", type=int, default=4, help="G rollouts per task+harness (4)")
-    t.add_argument("--steps", type=int, default=5, help="optimizer steps (5)")
-    t.add_argument("--tasks-per-step", type=int, default=4, help="tasks per step (4)")
+    t.add_argument("--group-size", type=int, help="G rollouts per task+harness (4)")
+    t.add_argument("--steps", type=int, help="optimizer steps (5)")
+    t.add_argument("--tasks-per-step", type=int, help="tasks per step (4)")
     t.add_argument(
         "--out",
         default="runs/harness",
@@ -104,12 +113,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--warm-start-per-task", type=int, help="distinct command lists per task at most (2)"
     )
     add_judge_options(t)
-    add_config_options(t)
-    t.set_defaults(func=cmd_train, split="train")
+    t.set_defaults(func=cmd_train)
 
     e = hsub.add_parser("eval", help="Pass@1 and Pass@k per harness")
     _common(e)
-    e.add_argument("--k", type=int, default=4, help="rollouts per task (4)")
+    e.add_argument("--k", type=int, help="rollouts per task (4)")
     e.add_argument("--run", help="a 'harness train' output dir holding policies/vN")
     e.add_argument(
         "--version",
@@ -122,7 +130,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         default="runs/harness-eval",
         help="output dir; its store.db records the rollouts (runs/harness-eval)",
     )
-    e.set_defaults(func=cmd_eval, split="heldout")
+    e.set_defaults(func=cmd_eval)
 
     c = hsub.add_parser(
         "compare",
@@ -152,19 +160,21 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tasks", default="builtin", help="task suite dir, or 'builtin'")
-    p.add_argument("--split", choices=["train", "heldout", "all"], help="task split")
-    p.add_argument("--harness", default="reference", help="comma-separated adapters (reference)")
-    p.add_argument("--model", default="smollm2-135m",
+    """The flags ``train`` and ``eval`` share: each is a shorthand for a ``[harness]`` or
+    ``[model]`` setting (:class:`clawrl.config.HarnessConfig`), applied over ``--config`` and
+    ``--set``; defaults in parentheses."""
+    p.add_argument("--tasks", help="task suite dir, or 'builtin' (builtin)")
+    p.add_argument("--split", choices=["train", "heldout", "all"],
+                   help="task split (train for 'train', heldout for 'eval')")  # fmt: skip
+    p.add_argument("--harness", help="comma-separated adapters (reference)")
+    p.add_argument("--model",
                    help="the policy: smollm2-135m (default), gemma3-270m, a Hugging Face model "
                    "directory, a .gguf file, a hub id, or 'tiny' (tests)")  # fmt: skip
     p.add_argument("--chat-template", metavar="FILE",
                    help="a chat template replacing the policy tokenizer's (a base model needs "
                    "one)")  # fmt: skip
-    p.add_argument("--parallel", type=int, default=4, help="rollouts in flight (4)")
-    p.add_argument(
-        "--isolation", choices=["auto", "bwrap", "fallback"], default="auto", help="sandbox"
-    )
+    p.add_argument("--parallel", type=int, help="rollouts in flight (4)")
+    p.add_argument("--isolation", choices=["auto", "bwrap", "fallback"], help="sandbox (auto)")
     p.add_argument("--max-steps", type=int, help="reference agent step limit (task default)")
     p.add_argument(
         "--match",
@@ -174,30 +184,67 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--limit", type=int, help="use only the first N tasks (by id, after --match)")
     p.add_argument("--time-limit", type=float, help="override every task's time limit (s)")
+    add_config_options(p)
+    add_engine_options(p)
 
 
-def _tasks(args: argparse.Namespace) -> list[Any]:
+_HARNESS_FLAGS = {
+    "tasks": "tasks", "split": "split", "harness": "harnesses", "parallel": "parallel",
+    "isolation": "isolation", "max_steps": "max_steps", "match": "match", "limit": "limit",
+    "time_limit": "time_limit_s", "group_size": "group_size", "steps": "steps",
+    "tasks_per_step": "tasks_per_step", "k": "k", "warm_start": "warm_start",
+    "warm_start_epochs": "warm_start_epochs", "warm_start_per_task": "warm_start_per_task",
+}  # fmt: skip
+"""flag dest -> ``harness`` field."""
+
+
+def _config(args: argparse.Namespace, command: str) -> Config:
+    """The settings of ``--config`` and ``--set``, with the flags that were given applied over
+    them and validated once. ``eval`` trains nothing: its method is ``off`` whatever the file
+    says; ``train``'s default method is ``grpo``.
+
+    Raises:
+        ConfigError: a malformed file or value (the message names the setting, e.g.
+            ``harness.match``), or a flag that does not fit the method.
+    """
+    data = load_raw(args.config, args.overrides)
+    apply_flags(data, args, default_method="grpo" if command == "train" else None)
+    harness = data.setdefault("harness", {})
+    if not isinstance(harness, dict):
+        raise ConfigError("harness must be a table of settings")
+    for flag, key in _HARNESS_FLAGS.items():
+        value = getattr(args, flag, None)
+        if value is not None:
+            harness[key] = value
+    cfg = with_model_flags(validate_config(data), args)
+    if command == "eval":
+        cfg = cfg.model_copy(
+            update={"trainer": cfg.trainer.model_copy(update={"method": OffMethod()})}
+        )
+    return cfg
+
+
+def _tasks(hc: HarnessConfig, split: str) -> list[Any]:
+    """The tasks of ``hc`` (its suite, ``split``, ``match``, ``limit`` and time limit).
+
+    Raises:
+        ConfigError: the suite cannot be read, or no task id matches ``match``.
+    """
     from clawrl.harness.tasks import load_tasks
 
-    split = None if args.split == "all" else args.split
-    tasks = load_tasks(args.tasks, split=split)
-    if args.match:
-        try:
-            pattern = re.compile(args.match)
-        except re.error as e:
-            raise ConfigError(f"--match {args.match!r} is not a regular expression: {e}") from e
-        tasks = [t for t in tasks if pattern.search(t.id)]
+    tasks = load_tasks(hc.tasks, split=None if split == "all" else split)
+    if hc.match:
+        tasks = [t for t in tasks if re.search(hc.match, t.id)]
         if not tasks:
-            raise ConfigError(f"--match {args.match!r}: no task id of --split {args.split} matches")
-    if args.time_limit:
-        tasks = [dataclasses.replace(t, time_limit_s=args.time_limit) for t in tasks]
-    return tasks[: args.limit] if args.limit else tasks
+            raise ConfigError(f"--match {hc.match!r}: no task id of --split {split} matches")
+    if hc.time_limit_s:
+        tasks = [dataclasses.replace(t, time_limit_s=hc.time_limit_s) for t in tasks]
+    return tasks[: hc.limit] if hc.limit else tasks
 
 
-def _policy(args: argparse.Namespace, cfg: Any = None) -> Any:
-    """The policy of ``--model`` / ``--chat-template`` (over ``cfg``'s model settings)."""
-    from clawrl.cli.common import quiet_transformers, with_model_flags
-    from clawrl.config import Config
+def _policy(cfg: Config) -> Any:
+    """The policy of ``cfg.model`` (``tiny``: the tests' random model)."""
+    from clawrl.cli.common import quiet_transformers
     from clawrl.engine.threads import call_in_transient_thread
     from clawrl.models import tiny_policy
     from clawrl.runtime import load_model
@@ -205,24 +252,21 @@ def _policy(args: argparse.Namespace, cfg: Any = None) -> Any:
     quiet_transformers()
     # loaded in a thread that ends: the main thread would keep an OpenMP team that slows the
     # engine's rollouts (clawrl.engine.threads)
-    if args.model == "tiny":
+    if cfg.model.spec == "tiny":
         return call_in_transient_thread(lambda: tiny_policy(seed=0))
-    config = with_model_flags(cfg if cfg is not None else Config(), args)
-    return call_in_transient_thread(load_model, config)
+    return call_in_transient_thread(load_model, cfg)
 
 
-def _settings(args: argparse.Namespace, model_name: str) -> Any:
+def _settings(hc: HarnessConfig, model_name: str, *, group_size: int) -> Any:
+    """The runner's view of ``hc`` (:class:`clawrl.harness.loop.HarnessSettings`)."""
     from clawrl.harness.loop import HarnessSettings
 
-    options: dict[str, Any] = {}
-    if args.max_steps:
-        options["max_steps"] = args.max_steps
     return HarnessSettings(
-        harnesses=[h.strip() for h in args.harness.split(",") if h.strip()],
-        group_size=getattr(args, "group_size", 1),
-        parallel=args.parallel,
-        isolation=args.isolation,
-        options=options,
+        harnesses=list(hc.harnesses),
+        group_size=group_size,
+        parallel=hc.parallel,
+        isolation=hc.isolation,
+        options={"max_steps": hc.max_steps} if hc.max_steps else {},
         model_name=model_name,
     )
 
@@ -269,15 +313,18 @@ def cmd_train(args: argparse.Namespace) -> int:
     from clawrl.runtime import build_runtime
     from clawrl.trainer.metrics import MetricsWriter
 
-    tasks = _tasks(args)
-    out = Path(args.out)
-    if args.steps < 0 or (args.steps == 0 and not args.warm_start):
+    if args.steps is not None and args.steps < 0:
         raise ConfigError(f"--steps {args.steps}: nothing to train (give --steps >= 1, or "
                           "--warm-start SRC --steps 0 for the warm start alone)")  # fmt: skip
-    if not args.warm_start and (args.warm_start_epochs or args.warm_start_per_task):
+    cfg = _config(args, "train")
+    hc, split = cfg.harness, cfg.harness.split_for("train")
+    if hc.steps == 0 and not hc.warm_start:
+        raise ConfigError("--steps 0: nothing to train (give --steps >= 1, or --warm-start SRC "
+                          "--steps 0 for the warm start alone)")  # fmt: skip
+    if not hc.warm_start and (args.warm_start_epochs or args.warm_start_per_task):
         raise ConfigError("--warm-start-epochs and --warm-start-per-task need --warm-start SRC")
-    args.warm_start_epochs = 2 if args.warm_start_epochs is None else args.warm_start_epochs
-    args.warm_start_per_task = 2 if args.warm_start_per_task is None else args.warm_start_per_task
+    tasks = _tasks(hc, split)
+    out = Path(args.out)
     resuming = any((out / "checkpoints").glob("step-*"))
     if not resuming and (stale := _published(out)) and _recorded_versions(out):
         raise ConfigError(
@@ -286,34 +333,33 @@ def cmd_train(args: argparse.Namespace) -> int:
             "versions; pick a new --out"
         )
     t0 = time.perf_counter()
-    cfg = config_with_flags(args, default_method="grpo")
     if cfg.trainer.full_finetune:
         raise ConfigError(
             "harness train publishes LoRA adapters (policies/vN) for eval and export; "
             "--full-finetune (trainer.full_finetune) is not supported in harness mode"
         )
-    if args.warm_start and not resuming:  # a resumed run's warm start is done
-        _check_warm_start(args, cfg)
+    if hc.warm_start and not resuming:  # a resumed run's warm start is done
+        _check_warm_start(cfg, split)
     cfg = cfg.model_copy(
         update={"trainer": cfg.trainer.model_copy(update={"output_dir": str(out)})}
     )
     out.mkdir(parents=True, exist_ok=True)
     run = {
-        "model": args.model, "harness": args.harness, "tasks": args.tasks, "split": args.split,
-        "match": args.match, "limit": args.limit, "time_limit": args.time_limit,
-        "warm_start": args.warm_start,
-        "warm_start_epochs": args.warm_start_epochs,
-        "warm_start_per_task": args.warm_start_per_task,
-        "steps": args.steps, "tasks_per_step": args.tasks_per_step,
-        "group_size": args.group_size, "trainer": cfg.trainer.model_dump(mode="json"),
+        "model": cfg.model.spec, "harness": ",".join(hc.harnesses), "tasks": hc.tasks,
+        "split": split, "match": hc.match, "limit": hc.limit, "time_limit": hc.time_limit_s,
+        "warm_start": hc.warm_start, "warm_start_epochs": hc.warm_start_epochs,
+        "warm_start_per_task": hc.warm_start_per_task, "steps": hc.steps,
+        "tasks_per_step": hc.tasks_per_step, "group_size": hc.group_size,
+        "trainer": cfg.trainer.model_dump(mode="json"),
+        "harness_settings": hc.model_dump(mode="json"),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }  # fmt: skip
     if resuming:
         _check_same_run(out, run)
-        _check_resumed_warm_start(out, args.steps, cfg)
+        _check_resumed_warm_start(out, hc.steps, cfg)
     else:
         (out / "run.json").write_text(json.dumps(run, indent=2, default=str))
-    policy = _policy(args, cfg)
+    policy = _policy(cfg)
     runtime = build_runtime(
         cfg, policy=policy, store=out / "store.db", online=False, model_name=policy.name
     )
@@ -328,13 +374,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     if resuming:
         print(f"resuming {out} after step {start.step} (policy v{runtime.trainer.policy_version})",
               flush=True)  # fmt: skip
-    runner = HarnessRunner(runtime.app, runtime.store, _settings(args, policy.name))
+    settings = _settings(hc, policy.name, group_size=hc.group_size)
+    runner = HarnessRunner(runtime.app, runtime.store, settings)
     writer = MetricsWriter(out, tensorboard=False)
     judge = runtime.judge.judge if runtime.judge is not None else None
-    warm = f"a warm start from {args.warm_start}, then " if args.warm_start else ""
-    print(f"training {warm}{args.steps} steps x {min(args.tasks_per_step, len(tasks))} tasks x "
-          f"{args.group_size} rollouts through {args.harness} ({len(tasks)} tasks of --split "
-          f"{args.split}); out: {out}", flush=True)  # fmt: skip
+    warm = f"a warm start from {hc.warm_start}, then " if hc.warm_start else ""
+    print(f"training {warm}{hc.steps} steps x {min(hc.tasks_per_step, len(tasks))} tasks x "
+          f"{hc.group_size} rollouts through {','.join(hc.harnesses)} ({len(tasks)} tasks of "
+          f"--split {split}); out: {out}", flush=True)  # fmt: skip
 
     def step_line(step: int, m: dict[str, float]) -> None:
         per = "  ".join(
@@ -342,9 +389,9 @@ def cmd_train(args: argparse.Namespace) -> int:
             for k, v in m.items()
             if k.startswith("harness/") and k.endswith("/reward_mean")
         )
-        left = (time.perf_counter() - t0) / (step - start.step) * (args.steps - step)
+        left = (time.perf_counter() - t0) / (step - start.step) * (hc.steps - step)
         print(
-            f"step {step}/{args.steps}: version={int(m['policy/version'])} "
+            f"step {step}/{hc.steps}: version={int(m['policy/version'])} "
             f"reward={m['rollout/reward_mean']:.3f} [{per}] "
             f"samples={int(m.get('samples/trained', 0))} "
             f"skipped_zero_var={int(m['group/skipped_zero_variance'])} "
@@ -354,11 +401,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         )
 
     try:
-        if args.warm_start and not resuming:
-            _warm_start(args, runtime, policy, tasks)
+        if hc.warm_start and not resuming:
+            _warm_start(hc, settings, runtime, tasks)
         train(
-            runner, runtime.learner, runtime.engine, tasks, steps=args.steps,
-            tasks_per_step=args.tasks_per_step, metrics_writer=writer, judge=judge,
+            runner, runtime.learner, runtime.engine, tasks, steps=hc.steps,
+            tasks_per_step=hc.tasks_per_step, metrics_writer=writer, judge=judge,
             judge_timeout_s=cfg.judge.timeout_s + 30.0, on_step=step_line, start=start,
         )  # fmt: skip
     finally:
@@ -380,7 +427,13 @@ how (more ``--steps``, a warm start's flags, or trainer settings such as ``--kl-
 micro-batch size may change; ``run.json`` keeps the first run's)."""
 
 
-def _check_resumed_warm_start(out: Path, steps: int, cfg: Any) -> None:
+def _kl_beta(cfg: Config) -> float:
+    """The method's KL penalty weight (0 for a method that does not train)."""
+    method = cfg.trainer.method
+    return 0.0 if isinstance(method, OffMethod) else method.loss.kl.beta
+
+
+def _check_resumed_warm_start(out: Path, steps: int, cfg: Config) -> None:
     """Refuse RL steps with a KL penalty after ``out``'s warm start (see
     :func:`_check_warm_start`): the penalty's reference is the base weights.
 
@@ -388,7 +441,7 @@ def _check_resumed_warm_start(out: Path, steps: int, cfg: Any) -> None:
         ConfigError: the run started with a warm start and the method has ``kl.beta > 0``.
     """
     warm = json.loads((out / "run.json").read_text()).get("warm_start")
-    beta = cfg.trainer.method.loss.kl.beta
+    beta = _kl_beta(cfg)
     if warm and steps > 0 and beta > 0:
         raise ConfigError(
             f"{out} started with a warm start: RL steps with a KL penalty (beta {beta}) would "
@@ -447,27 +500,27 @@ def _source_store(spec: str) -> Any:
     return Store(spec, read_only=True)
 
 
-def _check_warm_start(args: argparse.Namespace, cfg: Any) -> None:
+def _check_warm_start(cfg: Config, split: str) -> None:
     """Refuse a warm start that would fail or mislead, before the model loads.
 
     Raises:
-        ConfigError: epochs or demos per task below 1, a harness without a demonstration
-            format, no store at ``--warm-start``, or RL steps with a KL penalty (it would anchor
-            to the base weights, not to the warm start).
+        ConfigError: held-out tasks, a harness without a demonstration format, no store at
+            ``harness.warm_start``, or RL steps with a KL penalty (it would anchor to the base
+            weights, not to the warm start).
     """
     from clawrl.harness.adapters import ADAPTERS
     from clawrl.harness.warmstart import demo_replies
 
-    if args.warm_start_epochs < 1 or args.warm_start_per_task < 1:
-        raise ConfigError("--warm-start-epochs and --warm-start-per-task must be >= 1")
-    if args.split == "heldout":
+    hc = cfg.harness
+    assert hc.warm_start is not None
+    if split == "heldout":
         raise ConfigError("--warm-start trains on this run's tasks: not with --split heldout")
-    for harness in [h.strip() for h in args.harness.split(",") if h.strip()]:
+    for harness in hc.harnesses:
         if harness in ADAPTERS:  # an unknown one is refused with the known names later
             demo_replies(harness, ())
-    _source_store(args.warm_start).close()
-    beta = cfg.trainer.method.loss.kl.beta
-    if args.steps > 0 and beta > 0:
+    _source_store(hc.warm_start).close()
+    beta = _kl_beta(cfg)
+    if hc.steps > 0 and beta > 0:
         raise ConfigError(
             f"--warm-start with RL steps and a KL penalty (beta {beta}): the penalty's reference "
             "is the base weights (LoRA disabled), so it would pull the policy back from the "
@@ -475,25 +528,27 @@ def _check_warm_start(args: argparse.Namespace, cfg: Any) -> None:
         )
 
 
-def _warm_start(args: argparse.Namespace, runtime: Any, policy: Any, tasks: list[Any]) -> None:
-    """Run the warm start (:mod:`clawrl.harness.warmstart`) before the RL steps; prints a line
-    per ten replays and per step, and its summary.
+def _warm_start(hc: HarnessConfig, settings: Any, runtime: Runtime, tasks: list[Any]) -> None:
+    """Run the warm start (:mod:`clawrl.harness.warmstart`) through the runtime's replay gateway
+    (:func:`clawrl.runtime.build_replay_gateway`) before the RL steps; prints a line per ten
+    replays and per step, and its summary.
 
     Raises:
         ConfigError: no demonstration, or none passed its replay.
         StoreError: a store cannot be read or written.
     """
-    from clawrl.engine.scripted import ScriptedEngine
-    from clawrl.gateway import create_app
     from clawrl.harness.loop import HarnessRunner
     from clawrl.harness.warmstart import run_warm_start
+    from clawrl.runtime import build_replay_gateway
 
-    source = _source_store(args.warm_start)
-    settings = dataclasses.replace(_settings(args, policy.name), parallel=1, group_size=1)
-    scripted = ScriptedEngine(policy.tokenizer)
-    app = create_app(scripted, policy.tokenizer, runtime.store, model_name=policy.name)
+    assert hc.warm_start is not None and runtime.trainer is not None
+    assert runtime.learner is not None
+    source = _source_store(hc.warm_start)
+    replay = build_replay_gateway(runtime.policy, runtime.store, model_name=runtime.model_name)
     try:
-        runner = HarnessRunner(app, runtime.store, settings)
+        runner = HarnessRunner(
+            replay.app, runtime.store, dataclasses.replace(settings, parallel=1, group_size=1)
+        )
     except BaseException:
         source.close()
         raise
@@ -510,9 +565,9 @@ def _warm_start(args: argparse.Namespace, runtime: Any, policy: Any, tasks: list
 
     try:
         report = run_warm_start(
-            source, runner, scripted, runtime.learner, runtime.engine, tasks,
-            epochs=args.warm_start_epochs, batch_size=args.tasks_per_step * args.group_size,
-            max_per_task=args.warm_start_per_task, seed=runtime.trainer.config.seed,
+            source, runner, replay.engine, runtime.learner, runtime.engine, tasks,
+            epochs=hc.warm_start_epochs, batch_size=hc.tasks_per_step * hc.group_size,
+            max_per_task=hc.warm_start_per_task, seed=runtime.trainer.config.seed,
             on_replay=replay_line, on_step=step_line,
         )  # fmt: skip
     finally:
@@ -563,7 +618,7 @@ def _versions(args: argparse.Namespace) -> list[int]:
     return versions
 
 
-def _check_run_model(args: argparse.Namespace) -> None:
+def _check_run_model(args: argparse.Namespace, model: str) -> None:
     """``--model`` must be the model ``--run`` was trained on (its ``run.json``; older runs
     without one are not checked).
 
@@ -576,31 +631,38 @@ def _check_run_model(args: argparse.Namespace) -> None:
         trained = json.loads((Path(args.run) / "run.json").read_text())["model"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ConfigError(f"{Path(args.run) / 'run.json'} is unreadable: {e}") from e
-    if trained != args.model:
+    if trained != model:
         raise ConfigError(
-            f"{args.run} was trained on --model {trained}, not {args.model}: pass --model {trained}"
+            f"{args.run} was trained on --model {trained}, not {model}: pass --model {trained}"
         )
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """``clawrl harness eval``: each version of ``--version`` in turn on the same tasks."""
-    from clawrl.config import Config
     from clawrl.harness.loop import HarnessRunner, evaluate, format_eval, wait_for_version
     from clawrl.runtime import build_runtime
 
-    tasks = _tasks(args)
+    cfg = _config(args, "eval")
+    hc, split = cfg.harness, cfg.harness.split_for("eval")
+    tasks = _tasks(hc, split)
     versions = _versions(args)
     if args.run and not args.version:
         print(f"note: --run {args.run} without --version evaluates the base policy (version 0); "
               "pass --version N or 0,N", file=sys.stderr)  # fmt: skip
-    _check_run_model(args)
+    _check_run_model(args, cfg.model.spec)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    policy = _policy(args)
-    runtime = build_runtime(Config(), policy=policy, store=out / "store.db", model_name=policy.name)
+    cfg = cfg.model_copy(
+        update={"trainer": cfg.trainer.model_copy(update={"output_dir": str(out)})}
+    )
+    policy = _policy(cfg)
+    runtime = build_runtime(
+        cfg, policy=policy, store=out / "store.db", online=False, model_name=policy.name
+    )
     runs = []
     try:
-        runner = HarnessRunner(runtime.app, runtime.store, _settings(args, policy.name))
+        settings = _settings(hc, policy.name, group_size=1)
+        runner = HarnessRunner(runtime.app, runtime.store, settings)
         try:
             for version in versions:
                 if version:
@@ -610,11 +672,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
                     except Exception as e:
                         raise ConfigError(
                             f"cannot load policy version {version} from {weights} onto "
-                            f"--model {args.model}: {e}"
+                            f"--model {cfg.model.spec}: {e}"
                         ) from e
                     wait_for_version(runtime.engine, version)
                 t0 = time.perf_counter()
-                rows = evaluate(runner, tasks, k=args.k, policy_version=version)
+                rows = evaluate(runner, tasks, k=hc.k, policy_version=version)
                 runs.append((version, rows))
                 if not args.json:
                     done = ", ".join(f"{r.harness} pass@1 {r.pass_at_1:.3f}" for r in rows)
@@ -633,7 +695,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         ], allow_nan=False))  # fmt: skip
     else:
         print(format_eval(runs))
-        print(f"isolation: {runner.isolation}; tasks: {len(tasks)} ({args.split}); rollouts: "
+        print(f"isolation: {runner.isolation}; tasks: {len(tasks)} ({split}); rollouts: "
               f"{out / 'store.db'} (run {runner.run_id})")  # fmt: skip
     return 0
 

@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from clawrl.config.harness import HarnessConfig
 from clawrl.config.judge import JudgeConfig
 from clawrl.config.method import (
     METHOD_KINDS,
@@ -53,6 +54,7 @@ __all__ = [
     "Config",
     "EngineConfig",
     "GRPOMethod",
+    "HarnessConfig",
     "HintPlacement",
     "MethodConfig",
     "ModelConfig",
@@ -252,6 +254,7 @@ class Config(BaseModel):
     server: ServerConfig = Field(default_factory=ServerConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     judge: JudgeConfig = Field(default_factory=JudgeConfig)
+    harness: HarnessConfig = Field(default_factory=HarnessConfig)
 
 
 def _parse_value(raw: str) -> Any:
