@@ -307,6 +307,7 @@ def build_runtime(
     model_name: str | None = None,
     api_key: str | None = None,
     online: bool = True,
+    schedule: Literal["async", "fixed"] = "async",
 ) -> Runtime:
     """Build a :class:`Runtime` from ``config`` (see the module docstring).
 
@@ -324,6 +325,9 @@ def build_runtime(
             trainer to step (False, harness mode). With ``server.external_trainer`` the online
             loop runs elsewhere (``clawrl judge worker`` and ``clawrl train``) and this app
             follows the versions they publish.
+        schedule: when the online loop steps (:mod:`clawrl.trainer.service`): ``async``
+            (serving: whenever a batch is ready) or ``fixed`` (the demo: only when the caller
+            calls ``runtime.service.settle``, samples in a fixed order).
 
     Raises:
         ConfigError: the method does not fit the mode (``grpo`` and ``prm_outcome`` need
@@ -374,7 +378,7 @@ def build_runtime(
             judged_by = judge.judge
             service = call_in_transient_thread(lambda: OnlineService(
                 store, engine, policy, judged_by, config.trainer,
-                judge_timeout_s=config.judge.timeout_s,
+                judge_timeout_s=config.judge.timeout_s, schedule=schedule,
             ), name="clawrl-load")  # fmt: skip
         elif method.trains and not online:  # harness mode: the caller steps this learner
             from clawrl.trainer import Trainer

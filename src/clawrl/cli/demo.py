@@ -63,6 +63,12 @@ config.toml (what ran), results.json, and each run's store and trained adapter u
     p.add_argument("--max-tokens", type=int,
                    help="tokens per answer (the scenario's [answer] max_tokens: 256)")  # fmt: skip
     p.add_argument("--concurrency", type=int, default=6, help="simulated sessions at once (6)")
+    p.add_argument("--schedule", choices=["fixed", "async"], default="fixed",
+                   help="fixed (default): waves of --concurrency sessions with seeded sampling, "
+                   "then the steps they allow, samples in a fixed order: one seed gives one "
+                   "table on one machine; async: as a live server trains, sessions keep "
+                   "running while the learner steps whenever a batch is ready (faster; which "
+                   "samples share a step depends on timing)")  # fmt: skip
     p.add_argument("--dataset", help="GSM8K-format JSONL (default: the scenario's problems)")
     p.add_argument("--out", default="demo-report", help="report directory (demo-report)")
     p.add_argument("--quick", action="store_true",
@@ -127,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
         batch_size=batch, eval_problems=problems, max_tokens=args.max_tokens,
         concurrency=args.concurrency, dataset=args.dataset, out_dir=args.out,
         validation=args.validation, store=args.store, jobs=max(1, args.jobs),
+        schedule=args.schedule,
     )  # fmt: skip
     console = Console()
     tty = console.is_terminal

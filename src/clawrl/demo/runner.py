@@ -8,7 +8,13 @@ For each method (``rl``, ``opd``, ``combine``) and each seed, from the same base
    scenario's rubric (evaluation requests carry ``X-Clawrl-Eval: 1`` and are never trained on);
 3. run simulated-user sessions on training problems; the learner steps every ``batch_size``
    judged samples; sessions pause at each evaluation step (8 and 16 by default), the policy is
-   evaluated at exactly that version, then training goes on;
+   evaluated at exactly that version, then training goes on. The default ``fixed`` schedule
+   runs sessions in waves of ``concurrency``, each call sampled with a seed of its own
+   (:func:`clawrl.envs.sessions.request_seed`); after a wave its turns are judged and the
+   learner steps on them in a fixed order (:meth:`clawrl.trainer.service.OnlineService.settle`),
+   so one seed gives one table. ``async`` keeps a pool of sessions running while the learner
+   steps whenever a batch is ready, as live serving does (faster, but which samples share a
+   step depends on timing);
 4. stop the server and collect the numbers: per-problem scores and check results at every
    evaluated step, the training sessions' first answers (sessions to converge), per-step training
    metrics, the judge's agreement with the simulator's own ground truth, example answers.
@@ -27,7 +33,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from clawrl.config import Config, expand_method
 from clawrl.errors import ConfigError, EvaluationError
@@ -69,6 +75,9 @@ class DemoSettings:
             database (:func:`run_store`); ``None``: a SQLite file per run.
         jobs: runs at once (each a gateway, engine and trainer of its own; they share the CPU,
             so each takes longer, and its time budget grows with ``jobs``).
+        schedule: ``fixed`` (waves of seeded sessions, then steps in a fixed order: the same
+            seed gives the same table on one machine) or ``async`` (the live server's: a pool
+            of sessions while the learner steps whenever a batch is ready).
     """
 
     scenario: str = "student"
@@ -90,6 +99,7 @@ class DemoSettings:
     validation: bool = False
     store: str | None = None
     jobs: int = 1
+    schedule: Literal["fixed", "async"] = "fixed"
 
 
 def run_store(settings: DemoSettings, run_dir: Path) -> str:
@@ -359,8 +369,9 @@ def run_method(
     max_turns = settings.max_turns or spec.answer.max_turns
     with _BUILDING:  # transformers' lazy imports are not thread-safe: runs build one at a time
         runtime = build_runtime(
-            mcfg, policy=policy, store=run_store(settings, run_dir), judge=judge
-        )
+            mcfg, policy=policy, store=run_store(settings, run_dir), judge=judge,
+            schedule=settings.schedule,
+        )  # fmt: skip
     service = runtime.service
     assert service is not None, "the demo trains: its method is never 'off'"
     service.step_limit = 0
@@ -379,11 +390,14 @@ def run_method(
         runtime.dashboard.title = f"demo {spec.name} · {method}-seed{seed}"
         progress("server", {"method": method, "seed": seed, "url": f"{server.url}/dashboard"})
     train_problems = list(split.train)
-    cursor = 0
+    cursor = wave = 0
+    fixed = settings.schedule == "fixed"
     try:
         for target in sorted({min(s, settings.steps) for s in settings.eval_steps}):
             service.step_limit = target
             deadline = time.monotonic() + settings.timeout_s * max(1, settings.jobs)
+            if fixed:  # samples left over from the last wave first
+                _settle(service, [], deadline)
 
             def reached(t: int = target) -> bool:
                 return service.status().steps >= t
@@ -401,6 +415,21 @@ def run_method(
                 if time.monotonic() > deadline:
                     result.note = f"stopped at step {service.status().steps}: time budget spent"
                     break
+                if fixed:  # a wave of seeded sessions to their end, then the steps it allows
+                    batch = [train_problems[(cursor + i) % len(train_problems)]
+                             for i in range(settings.concurrency)]  # fmt: skip
+                    done = run_sessions(
+                        server.url, user, batch, concurrency=settings.concurrency,
+                        temperature=temperature, max_tokens=max_tokens, max_turns=max_turns,
+                        session_prefix=f"sim-{method}-{seed}-", progress=finished,
+                        should_stop=stop,  # no step is taken mid-wave: only the time budget
+                        seed=seed, run_id=f"w{wave:05d}",
+                    )  # fmt: skip
+                    logs[len(logs) - len(done) :] = done  # in start order
+                    cursor += len(done)
+                    wave += 1
+                    _settle(service, [log.session_id for log in done], deadline)
+                    continue
                 # a pool, not waves: a new session starts as soon as one ends, so the engine
                 # keeps ``concurrency`` sessions decoding instead of waiting for a wave's slowest
                 batch = [train_problems[(cursor + i) % len(train_problems)]
@@ -456,6 +485,20 @@ def _keep_last_policy(trainer_dir: Path) -> str | None:
     for old in versions[:-1]:
         shutil.rmtree(old, ignore_errors=True)
     return str(versions[-1]) if versions else None
+
+
+def _settle(service: OnlineService, sessions: list[str], deadline: float) -> None:
+    """The fixed schedule's step (:meth:`clawrl.trainer.service.OnlineService.settle`), then
+    wait until the engine serves the version it ended at, so the next wave samples from it."""
+    service.settle_from_thread(sessions, timeout_s=max(60.0, deadline - time.monotonic()))
+    end = time.monotonic() + 120.0
+    while not service.serving_version(service.status().policy_version):
+        if time.monotonic() > end:
+            raise EvaluationError(
+                f"the engine did not serve policy version {service.status().policy_version} "
+                "within 120 s of its step"
+            )
+        time.sleep(0.05)
 
 
 def _wait_idle(service: OnlineService, target: int, timeout_s: float = 120.0) -> None:

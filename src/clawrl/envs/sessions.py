@@ -30,6 +30,7 @@ from typing import Any
 
 from clawrl.envs.client import DEFAULT_TIMEOUT_S, ChatClient
 from clawrl.envs.errors import ChatEndpointError
+from clawrl.envs.phrasing import stable_int
 from clawrl.envs.problems import Problem
 from clawrl.envs.user import Assessment, Message, SimulatedUser
 
@@ -154,6 +155,7 @@ async def run_session(
     closing_call: bool = True,
     closing_max_tokens: int = CLOSING_MAX_TOKENS,
     system_prompt: str | None = None,
+    seed: int | None = None,
 ) -> SessionLog:
     """One conversation between ``user`` and the policy (see the module docstring).
 
@@ -169,6 +171,8 @@ async def run_session(
         closing_call: send the user's last reply as one more call.
         closing_max_tokens: new tokens for the closing call's answer.
         system_prompt: a system message to start every conversation with.
+        seed: the base of every call's sampling seed (call ``n`` sends
+            :func:`request_seed` ``(seed, session_id, n)``); ``None``: unseeded sampling.
 
     Returns:
         The log; ``error`` is set when a call failed (the session stops there).
@@ -193,6 +197,7 @@ async def run_session(
                 temperature=temperature,
                 max_tokens=max_tokens,
                 session_id=session_id,
+                seed=request_seed(seed, session_id, turn),
             )
             final = turn == max_turns - 1
             reply = await user.respond(task, messages, result.content, turn=turn, final=final)
@@ -223,6 +228,7 @@ async def run_session(
                 temperature=temperature,
                 max_tokens=closing_max_tokens,
                 session_id=session_id,
+                seed=request_seed(seed, session_id, len(log.turns)),
             )
             log.turns.append(
                 TurnLog(
@@ -249,6 +255,12 @@ async def run_session(
     return log
 
 
+def request_seed(seed: int | None, session_id: str, call: int) -> int | None:
+    """The sampling seed of a session's ``call``-th call (``None`` when ``seed`` is): fixed by
+    the run's seed, the session id and the call, whatever else is in flight."""
+    return None if seed is None else stable_int(seed, session_id, call) % 2**31
+
+
 def new_run_id() -> str:
     """A short random id that keeps session ids of separate runs apart."""
     return uuid.uuid4().hex[:8]
@@ -271,6 +283,8 @@ async def arun_sessions(
     session_prefix: str = "sim-",
     progress: Callable[[SessionLog], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    seed: int | None = None,
+    run_id: str | None = None,
 ) -> list[SessionLog]:
     """Run one session per problem against the gateway, ``concurrency`` at a time.
 
@@ -289,6 +303,10 @@ async def arun_sessions(
         progress: called with each finished session's log (in the event loop's thread).
         should_stop: polled before each session starts; ``True`` starts no more (sessions in
             flight finish).
+        seed: seeds every call's sampling (:func:`request_seed`); ``None``: unseeded.
+        run_id: the run id in the session ids (default: a random one, :func:`new_run_id`); a
+            fixed one with a seed makes every session, and so every call's seed, the same in
+            two runs.
 
     Returns:
         The logs of the sessions that ran, in problem order.
@@ -300,7 +318,7 @@ async def arun_sessions(
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     if session_prefix.startswith("eval-"):
         raise ValueError("session ids starting with 'eval-' are reserved for evaluation")
-    run_id = new_run_id()
+    run_id = run_id or new_run_id()
     sem = asyncio.Semaphore(concurrency)
     results: list[SessionLog | None] = [None] * len(problems)
 
@@ -322,6 +340,7 @@ async def arun_sessions(
                     max_turns=max_turns,
                     closing_call=closing_call,
                     system_prompt=system_prompt,
+                    seed=seed,
                 )
                 results[i] = log
                 if progress is not None:
@@ -348,6 +367,8 @@ def run_sessions(
     session_prefix: str = "sim-",
     progress: Callable[[SessionLog], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    seed: int | None = None,
+    run_id: str | None = None,
 ) -> list[SessionLog]:
     """Synchronous :func:`arun_sessions` (same arguments; runs its own event loop, so call it
     from a plain thread — from async code, await :func:`arun_sessions`).
@@ -372,5 +393,7 @@ def run_sessions(
             session_prefix=session_prefix,
             progress=progress,
             should_stop=should_stop,
+            seed=seed,
+            run_id=run_id,
         )
     )

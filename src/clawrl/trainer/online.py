@@ -48,7 +48,7 @@ from clawrl.trainer.trainer import Trainer
 from clawrl.trainer.types import TrainSample
 
 __all__ = ["HINT_TEMPLATE", "SYSTEM_HINT_TEMPLATE", "LearnerState", "OnlineLearner",
-           "hinted_messages", "published"]  # fmt: skip
+           "hinted_messages", "published", "sample_key"]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,14 @@ class LearnerState:
     last_step_s: float = 0.0
     last_metrics: dict[str, float] = field(default_factory=dict)
     errors: int = 0
+
+
+def sample_key(turn: TurnRecord) -> tuple[str, int, int]:
+    """Where a turn's sample goes in the fixed schedule's order: by session id, then by its
+    place in the session (prompt length: each turn's prompt extends the one before), then
+    choice. Independent of when it was sampled or judged, so runs that produce the same
+    sessions train the same batches."""
+    return (turn.session_id, len(turn.prompt_ids), turn.choice_index)
 
 
 class OnlineLearner:
@@ -104,6 +112,11 @@ class OnlineLearner:
         """Called with each step's metrics (``clawrl serve`` prints a one-line summary)."""
         self.step_limit: int | None = None
         """When set, no step past this one is taken (the demo evaluates at fixed steps)."""
+        self.fixed_order = False
+        """Take each step's samples in a fixed order (:func:`sample_key`: session, then turn)
+        instead of the order they were judged in (the fixed schedule,
+        :class:`clawrl.trainer.service.OnlineService`)."""
+        self._keys: dict[str, tuple[str, int, int]] = {}
 
     # ---------------------------------------------------------------- resume
 
@@ -167,6 +180,7 @@ class OnlineLearner:
                         drops.append(self._drop(turn_id, DropReason.TEACHER_FAILED))
                         continue
             self._ready[turn_id] = make_sample(turn, j, self.needs, teacher)
+            self._keys[turn_id] = sample_key(turn)
         if drops:
             await asyncio.to_thread(self.store.record_samples, drops)
         self.state.ready = len(self._ready)
@@ -183,6 +197,7 @@ class OnlineLearner:
             await asyncio.to_thread(self.store.record_samples, drops)
             for t in stale:
                 del self._ready[t]
+                self._keys.pop(t, None)
             self.state.ready = len(self._ready)
         return len(stale)
 
@@ -194,7 +209,10 @@ class OnlineLearner:
         if self.step_limit is not None and self.trainer.step >= self.step_limit:
             return None
         async with self._step_lock:
-            turn_ids = list(self._ready)[: self.config.batch_size]
+            order = (
+                sorted(self._ready, key=self._keys.__getitem__) if self.fixed_order else self._ready
+            )
+            turn_ids = list(order)[: self.config.batch_size]
             samples = [self._ready[t] for t in turn_ids]
             # the whole step (torch work, checkpoint, store records, publishing) in a thread that
             # ends with it: a live one keeps an OpenMP team that slows the serving engine's
@@ -204,6 +222,7 @@ class OnlineLearner:
             metrics = await in_transient_thread(step, finish_on_cancel=True)
             for t in turn_ids:
                 del self._ready[t]
+                self._keys.pop(t, None)
             self.state.steps = self.trainer.step
             self.state.trained += len(turn_ids)
             self.state.ready = len(self._ready)

@@ -4,6 +4,17 @@
 asyncio tasks in the server's event loop (the gateway keeps serving; training steps run in a
 worker thread; the engine swaps versions between requests). On a GPU box the same objects run
 unchanged; only the engine's device differs.
+
+Two schedules decide when the learner steps:
+
+- ``async`` (live serving, the default): the judge worker and the learner poll the store as
+  tasks beside the gateway; a step is taken whenever ``batch_size`` samples are ready, so which
+  samples share a step depends on timing.
+- ``fixed`` (the demo): nothing runs in the background. The driver runs a set of sessions to
+  their end, then calls :meth:`OnlineService.settle` with their ids: their turns are judged,
+  decided, and the learner takes every full step it can (up to ``step_limit``) with its samples
+  in a fixed order (:func:`clawrl.trainer.online.sample_key`). With seeded sampling (each
+  request's ``seed``) the same seed gives the same steps, versions and scores on one machine.
 """
 
 from __future__ import annotations
@@ -11,10 +22,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from clawrl.config import TrainerConfig
 from clawrl.engine import Engine
@@ -53,6 +64,7 @@ class OnlineService:
             metrics go to ``config.output_dir`` (a restart with the same directory resumes from
             the latest checkpoint).
         judge_timeout_s: most seconds one judgment may take.
+        schedule: ``async`` or ``fixed`` (see the module docstring).
     """
 
     def __init__(
@@ -64,6 +76,7 @@ class OnlineService:
         config: TrainerConfig,
         *,
         judge_timeout_s: float = 120.0,
+        schedule: Literal["async", "fixed"] = "async",
     ) -> None:
         self.output_dir = Path(config.output_dir)
         self.engine = engine
@@ -74,8 +87,11 @@ class OnlineService:
         self.learner = OnlineLearner(store, engine, policy.tokenizer, self.trainer, self.metrics)
         # the judge keeps its own deadline; the worker's is a guard for judges that do not
         self.worker = JudgeWorker(store, judge, timeout_s=judge_timeout_s + 30.0)
+        self.schedule = schedule
+        self.learner.fixed_order = schedule == "fixed"
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def resume(self) -> int:
         """Restore the latest checkpoint (if any); returns the policy version served."""
@@ -101,8 +117,12 @@ class OnlineService:
         return self.engine.policy_version >= version
 
     def start(self) -> None:
-        """Start both workers as tasks of the running event loop."""
+        """Start both workers as tasks of the running event loop (the ``fixed`` schedule starts
+        none: :meth:`settle` does their work)."""
         self._stop.clear()
+        self._loop = asyncio.get_running_loop()
+        if self.schedule == "fixed":
+            return
         self._tasks = [
             asyncio.create_task(self.worker.run(self._stop), name="clawrl-judge"),
             asyncio.create_task(self.learner.run(self._stop), name="clawrl-learner"),
@@ -125,6 +145,45 @@ class OnlineService:
                     await t
         self._tasks = []
         self.metrics.close()
+
+    async def settle(self, sessions: Sequence[str]) -> int:
+        """The fixed schedule's step: judge the unjudged turns of ``sessions`` (ended ones: a
+        turn without a next state is recorded as such), decide every judged turn, then train
+        while ``batch_size`` samples are ready and ``step_limit`` allows, each step's samples
+        in :func:`clawrl.trainer.online.sample_key` order.
+
+        Returns:
+            The steps taken.
+
+        Raises:
+            RuntimeError: the service runs the ``async`` schedule (its tasks step on their own).
+            ClawrlError: a step failed (reported, not retried: the driver decides).
+        """
+        if self.schedule != "fixed":
+            raise RuntimeError("settle() drives the fixed schedule; this service runs 'async'")
+        await self.worker.judge_sessions(sessions)
+        await self.learner.collect()
+        steps = 0
+        while await self.learner.step_if_ready() is not None:
+            steps += 1
+        return steps
+
+    def settle_from_thread(self, sessions: Sequence[str], timeout_s: float = 3600.0) -> int:
+        """:meth:`settle` on the server's event loop, called from another thread (the demo's
+        driver); blocks until it is done.
+
+        Raises:
+            RuntimeError: the service was not started, or runs the ``async`` schedule.
+            TimeoutError: it took longer than ``timeout_s`` seconds.
+        """
+        if self._loop is None:
+            raise RuntimeError("the service is not running: start the server first")
+        future = asyncio.run_coroutine_threadsafe(self.settle(list(sessions)), self._loop)
+        try:
+            return future.result(timeout=timeout_s)
+        except TimeoutError:
+            future.cancel()
+            raise
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: object) -> AsyncIterator[None]:
