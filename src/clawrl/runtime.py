@@ -49,12 +49,15 @@ from clawrl.judge.worker import JudgeFn
 from clawrl.store import Store
 
 if TYPE_CHECKING:
+    from fastapi import FastAPI
+
     from clawrl.dashboard import DashboardSource
     from clawrl.engine.scripted import ScriptedEngine
     from clawrl.gateway.server import LiveServer
     from clawrl.gateway.versions import VersionFollower
     from clawrl.judge import Judge
     from clawrl.judge.worker import JudgeWorker
+    from clawrl.models import Policy
     from clawrl.trainer import Trainer
     from clawrl.trainer.distributed import DistEnv
     from clawrl.trainer.learner import Learner
@@ -65,7 +68,7 @@ ENGINE_BACKENDS: dict[str, Callable[[Any, Config], Engine]] = {}
 """``engine.backend`` -> a factory ``(policy, config) -> Engine``."""
 
 
-def _transformers_engine(policy: Any, config: Config) -> Engine:
+def _transformers_engine(policy: Policy, config: Config) -> Engine:
     from clawrl.engine import TransformersEngine
 
     kwargs: dict[str, Any] = {"max_batch": config.engine.max_batch}
@@ -74,7 +77,7 @@ def _transformers_engine(policy: Any, config: Config) -> Engine:
     return TransformersEngine.from_policy(policy, **kwargs)
 
 
-def _vllm_engine(policy: Any, config: Config) -> Engine:
+def _vllm_engine(policy: Policy, config: Config) -> Engine:
     """vLLM servers: those in ``engine.vllm_urls``, or one launched here over the policy's
     model directory (stopped when the engine closes)."""
     from clawrl.engine.vllm import VLLMEngine, VLLMServer
@@ -83,7 +86,7 @@ def _vllm_engine(policy: Any, config: Config) -> Engine:
     urls = list(ec.vllm_urls)
     on_close = None
     if not urls:
-        if getattr(policy, "path", None) is None:
+        if policy.path is None:
             raise ConfigError("launching vLLM needs a model directory (engine.vllm_urls is empty)")
         server = VLLMServer(
             policy.path, python=ec.vllm_python, run_dir=Path(config.trainer.output_dir) / "vllm",
@@ -122,7 +125,7 @@ def _serve_base_through_zero_adapter(engine: Engine, trainer: Trainer, config: C
         engine.use_base_adapter(tmp)
 
 
-def build_engine(policy: Any, config: Config) -> Engine:
+def build_engine(policy: Policy, config: Config) -> Engine:
     """The serving engine ``config.engine.backend`` names, over ``policy``."""
     return ENGINE_BACKENDS[config.engine.backend](policy, config)
 
@@ -151,7 +154,7 @@ class JudgeBundle:
             self.engine = None
 
 
-def load_model(config: Config) -> Any:
+def load_model(config: Config) -> Policy:
     """The policy ``config.model`` describes (its chat template and stop ids applied).
 
     Raises:
@@ -257,10 +260,10 @@ class Runtime:
     """
 
     config: Config
-    policy: Any
+    policy: Policy
     engine: Engine
     store: Store
-    app: Any
+    app: FastAPI
     model_name: str
     service: OnlineService | None = None
     trainer: Trainer | None = None
@@ -301,7 +304,7 @@ class Runtime:
 def build_runtime(
     config: Config,
     *,
-    policy: Any = None,
+    policy: Policy | None = None,
     store: Store | str | Path | None = None,
     judge: JudgeBundle | None = None,
     model_name: str | None = None,
@@ -441,10 +444,10 @@ class ReplayGateway:
     """
 
     engine: ScriptedEngine
-    app: Any
+    app: FastAPI
 
 
-def build_replay_gateway(policy: Any, store: Store, *, model_name: str) -> ReplayGateway:
+def build_replay_gateway(policy: Policy, store: Store, *, model_name: str) -> ReplayGateway:
     """The warm start's gateway: ``policy``'s tokenizer and chat template over a scripted
     engine, recording into ``store`` under ``model_name`` (the policy's served name)."""
     from clawrl.engine.scripted import ScriptedEngine
@@ -496,7 +499,11 @@ def build_judge_worker(
 
 
 def build_trainer_process(
-    config: Config, env: DistEnv, *, policy: Any = None, out: Callable[[str], None] = print
+    config: Config,
+    env: DistEnv,
+    *,
+    policy: Policy | None = None,
+    out: Callable[[str], None] = print,
 ) -> TrainerProcess:
     """``clawrl train`` on one rank: the policy (``config.model``, loaded by every rank), the
     sharded trainer (:class:`~clawrl.trainer.fsdp.ShardedTrainer`, computing its own OPD

@@ -159,6 +159,22 @@ def test_method_inputs_are_checked(policy, tmp_path):
         tr2.train_step(samples)
 
 
+def test_a_step_may_train_with_another_method_and_leaves_the_trainers_own(policy, tmp_path):
+    """The harness warm start's supervised steps pass their method to the step; the trainer's
+    method (what every later step trains with) is never swapped."""
+    from clawrl.harness.warmstart import SFT_METHOD
+
+    samples = _samples(policy, n=2)
+    tr = Trainer(policy.model, TrainerConfig(method="opd"), tmp_path)
+    own = tr.method
+    m = tr.train_step(samples, method=SFT_METHOD)  # opd would refuse: no teacher log-probs
+    assert tr.method is own and own.kind == "opd" and m["samples/trained"] == 2
+    # the advantage is each sample's reward (precomputed), not the opd teacher's
+    assert m["adv/min"] == -1.0 and m["adv/max"] == 1.0
+    with pytest.raises(TrainerError, match="teacher"):
+        tr.train_step(samples)
+
+
 def test_token_logprobs_match_the_full_vocabulary_projection(policy):
     """Projecting only from the first completion position gives the full computation's numbers."""
     from clawrl.trainer import collate, token_logprobs

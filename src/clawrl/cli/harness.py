@@ -24,7 +24,11 @@ from clawrl.config import Config, HarnessConfig, OffMethod, load_raw, validate_c
 from clawrl.errors import ConfigError
 
 if TYPE_CHECKING:
+    from clawrl.harness.loop import HarnessSettings
+    from clawrl.harness.tasks import Task
+    from clawrl.models import Policy
     from clawrl.runtime import Runtime
+    from clawrl.store import Store
 
 EPILOG = """\
 examples:
@@ -224,7 +228,7 @@ def _config(args: argparse.Namespace, command: str) -> Config:
     return cfg
 
 
-def _tasks(hc: HarnessConfig, split: str) -> list[Any]:
+def _tasks(hc: HarnessConfig, split: str) -> list[Task]:
     """The tasks of ``hc`` (its suite, ``split``, ``match``, ``limit`` and time limit).
 
     Raises:
@@ -242,7 +246,7 @@ def _tasks(hc: HarnessConfig, split: str) -> list[Any]:
     return tasks[: hc.limit] if hc.limit else tasks
 
 
-def _policy(cfg: Config) -> Any:
+def _policy(cfg: Config) -> Policy:
     """The policy of ``cfg.model`` (``tiny``: the tests' random model)."""
     from clawrl.cli.common import quiet_transformers
     from clawrl.engine.threads import call_in_transient_thread
@@ -257,7 +261,7 @@ def _policy(cfg: Config) -> Any:
     return call_in_transient_thread(load_model, cfg)
 
 
-def _settings(hc: HarnessConfig, model_name: str, *, group_size: int) -> Any:
+def _settings(hc: HarnessConfig, model_name: str, *, group_size: int) -> HarnessSettings:
     """The runner's view of ``hc`` (:class:`clawrl.harness.loop.HarnessSettings`)."""
     from clawrl.harness.loop import HarnessSettings
 
@@ -482,7 +486,7 @@ def _check_same_run(out: Path, run: dict[str, Any]) -> None:
         )
 
 
-def _source_store(spec: str) -> Any:
+def _source_store(spec: str) -> Store:
     """The store of a run dir (``DIR/store.db``) or a store path / URL, opened read-only.
 
     Raises:
@@ -528,7 +532,9 @@ def _check_warm_start(cfg: Config, split: str) -> None:
         )
 
 
-def _warm_start(hc: HarnessConfig, settings: Any, runtime: Runtime, tasks: list[Any]) -> None:
+def _warm_start(
+    hc: HarnessConfig, settings: HarnessSettings, runtime: Runtime, tasks: list[Task]
+) -> None:
     """Run the warm start (:mod:`clawrl.harness.warmstart`) through the runtime's replay gateway
     (:func:`clawrl.runtime.build_replay_gateway`) before the RL steps; prints a line per ten
     replays and per step, and its summary.

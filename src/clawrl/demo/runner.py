@@ -42,6 +42,7 @@ from clawrl.stats import bootstrap_ci, sessions_to_converge
 if TYPE_CHECKING:
     from clawrl.envs import EvalResult, ScenarioSpec, SessionLog
     from clawrl.envs.problems import ProblemSplit
+    from clawrl.models import Policy
     from clawrl.runtime import JudgeBundle
     from clawrl.trainer.service import OnlineService
 
@@ -336,7 +337,7 @@ def run_method(
     *,
     seed: int = 0,
     judge: JudgeBundle,
-    policy: Any = None,
+    policy: Policy | None = None,
     progress: Progress = _noop,
 ) -> MethodResult:
     """Train one method from the base weights with ``seed`` and evaluate it at

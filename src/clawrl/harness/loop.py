@@ -41,7 +41,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from clawrl.engine import Engine
@@ -63,9 +63,20 @@ from clawrl.harness.samples import step_samples
 from clawrl.harness.sandbox import Isolation, choose_isolation
 from clawrl.harness.tasks import BUILTIN_TASKS, Task
 from clawrl.judge.worker import JudgeFn
-from clawrl.store import GroupDecision, RolloutGroupRecord, RolloutPurpose, RolloutResult, new_id
+from clawrl.store import (
+    GroupDecision,
+    RolloutGroupRecord,
+    RolloutPurpose,
+    RolloutResult,
+    Store,
+    new_id,
+)
 from clawrl.trainer.learner import Learner
+from clawrl.trainer.metrics import MetricsWriter
 from clawrl.trainer.types import TrainSample
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +115,7 @@ class HarnessRunner:
         run_id: this run's id (``rollout_groups.run_id`` of every group it runs).
     """
 
-    def __init__(self, app: Any, store: Any, settings: HarnessSettings) -> None:
+    def __init__(self, app: FastAPI, store: Store, settings: HarnessSettings) -> None:
         from clawrl.gateway.server import LiveServer
 
         self.store, self.settings = store, settings
@@ -261,7 +272,7 @@ def train(
     *,
     steps: int,
     tasks_per_step: int,
-    metrics_writer: Any = None,
+    metrics_writer: MetricsWriter | None = None,
     judge: JudgeFn | None = None,
     judge_timeout_s: float = 150.0,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
@@ -308,7 +319,7 @@ def _train_steps(
     *,
     steps: int,
     tasks_per_step: int,
-    metrics_writer: Any,
+    metrics_writer: MetricsWriter | None,
     step_judge: StepJudge | None,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
     start: ResumePoint = ResumePoint(),

@@ -38,19 +38,19 @@ Demonstration rollouts are recorded in the run's store like any rollout (group l
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import logging
 import random
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from clawrl.algorithms.config import KLPenalty, OldRatio, PPOClipLoss
 from clawrl.config.method import PrecomputedMethod
+from clawrl.engine import Engine
 from clawrl.engine.threads import call_in_transient_thread
 from clawrl.errors import ConfigError
 from clawrl.harness.adapters.reference_agent import extract_command
@@ -59,6 +59,10 @@ from clawrl.harness.tasks import Task
 from clawrl.store import RolloutPurpose, Store
 from clawrl.trainer.learner import Learner
 from clawrl.trainer.types import TrainSample
+
+if TYPE_CHECKING:
+    from clawrl.engine.scripted import ScriptedEngine
+    from clawrl.harness.loop import HarnessRunner
 
 log = logging.getLogger(__name__)
 
@@ -236,8 +240,8 @@ def demo_replies(harness: str, commands: Sequence[str]) -> list[str]:
 
 
 def replay_demonstrations(
-    runner: Any,
-    engine: Any,
+    runner: HarnessRunner,
+    engine: ScriptedEngine,
     demos: Sequence[Demonstration],
     tasks: Mapping[str, Task],
     report: WarmStartReport,
@@ -298,17 +302,6 @@ SFT_METHOD = PrecomputedMethod(
 of the token-mean negative log-likelihood of the completion tokens."""
 
 
-@contextlib.contextmanager
-def _trainer_method(trainer: Any, method: Any) -> Iterator[None]:
-    """Train with ``method`` inside the block, the trainer's own method again after."""
-    saved = trainer.method
-    trainer.method = method
-    try:
-        yield
-    finally:
-        trainer.method = saved
-
-
 def warm_start_samples(store: Store, rollout_ids: Sequence[str]) -> list[TrainSample]:
     """One sample per trained turn of each replay rollout, advantage (``reward``) 1.0, trained
     at temperature 1 (the supervised likelihood, whatever temperature the harness asked for)."""
@@ -321,7 +314,7 @@ def warm_start_samples(store: Store, rollout_ids: Sequence[str]) -> list[TrainSa
 
 def warm_start(
     learner: Learner,
-    engine: Any,
+    engine: Engine,
     samples: Sequence[TrainSample],
     report: WarmStartReport,
     *,
@@ -369,15 +362,15 @@ def warm_start(
         batches += [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     trainer = learner.trainer
     start = trainer.policy_version
-    with _trainer_method(trainer, SFT_METHOD):
-        for step, batch in enumerate(batches, 1):
-            # every sample is on the version the trainer holds: no staleness drop
-            batch = [dataclasses.replace(s, policy_version=trainer.policy_version) for s in batch]
-            metrics = call_in_transient_thread(learner.train_only, batch)  # engine.threads
-            report.steps += 1
-            report.losses.append(-float(metrics.get("logprob/mean", float("nan"))))
-            if on_step is not None:
-                on_step(step, len(batches), metrics)
+    for step, batch in enumerate(batches, 1):
+        # every sample is on the version the trainer holds: no staleness drop
+        batch = [dataclasses.replace(s, policy_version=trainer.policy_version) for s in batch]
+        train = functools.partial(learner.train_only, batch, method=SFT_METHOD)
+        metrics = call_in_transient_thread(train)  # clawrl.engine.threads
+        report.steps += 1
+        report.losses.append(-float(metrics.get("logprob/mean", float("nan"))))
+        if on_step is not None:
+            on_step(step, len(batches), metrics)
     trainer.reset_optimizer()  # RL starts with fresh Adam moments and its own warm-up
     turn_ids = list(dict.fromkeys(s.turn_id for s in samples if s.turn_id))
     commit = functools.partial(learner.commit, turn_ids, meta={"warm_start": True})
@@ -391,10 +384,10 @@ def warm_start(
 
 def run_warm_start(
     source: Store,
-    runner: Any,
-    scripted_engine: Any,
+    runner: HarnessRunner,
+    scripted_engine: ScriptedEngine,
     learner: Learner,
-    engine: Any,
+    engine: Engine,
     tasks: Sequence[Task],
     *,
     epochs: int = 2,

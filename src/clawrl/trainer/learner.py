@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from clawrl.config import TrainedMethod
 from clawrl.engine import Engine
 from clawrl.errors import ConfigError, TrainerError
 from clawrl.store import PolicyVersionRecord, Store
@@ -268,10 +269,13 @@ class Learner:
             self.metrics.write(self.trainer.step if metrics_step is None else metrics_step, out)
         return out
 
-    def train_only(self, samples: Sequence[TrainSample]) -> dict[str, float]:
-        """An optimizer step that publishes and records nothing: the warm start's inner steps,
-        whose weights the next :meth:`step` publishes as one version."""
-        return dict(self.trainer.train_step(list(samples)))
+    def train_only(
+        self, samples: Sequence[TrainSample], *, method: TrainedMethod | None = None
+    ) -> dict[str, float]:
+        """An optimizer step that publishes and records nothing: the warm start's inner steps
+        (with its own ``method``; default the trainer's), whose weights the next
+        :meth:`commit` publishes as one version."""
+        return dict(self.trainer.train_step(list(samples), method=method))
 
     def _publish(self, version: int, weights: Any, *, wait: bool = False) -> None:
         """Record ``version`` in ``policy_versions`` and queue it on the engines."""

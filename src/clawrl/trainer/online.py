@@ -21,8 +21,9 @@ import asyncio
 import contextlib
 import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from clawrl.config import SampleNeeds, TrainerConfig
 from clawrl.engine import Engine
@@ -49,6 +50,9 @@ from clawrl.trainer.types import TrainSample
 
 __all__ = ["HINT_TEMPLATE", "SYSTEM_HINT_TEMPLATE", "LearnerState", "OnlineLearner",
            "hinted_messages", "published", "sample_key"]  # fmt: skip
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +96,7 @@ class OnlineLearner:
         self,
         store: Store,
         engine: Engine,
-        tokenizer: Any,
+        tokenizer: PreTrainedTokenizerBase,
         trainer: Trainer,
         metrics: MetricsWriter,
     ) -> None:
@@ -108,7 +112,7 @@ class OnlineLearner:
         self.state = LearnerState()
         self._ready: dict[str, TrainSample] = {}
         self._step_lock = asyncio.Lock()
-        self.on_step: Any = None
+        self.on_step: Callable[[dict[str, float]], None] | None = None
         """Called with each step's metrics (``clawrl serve`` prints a one-line summary)."""
         self.step_limit: int | None = None
         """When set, no step past this one is taken (the demo evaluates at fixed steps)."""

@@ -39,7 +39,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from clawrl.config import SampleNeeds, TrainerConfig
 from clawrl.errors import ClawrlError, ConfigError, TrainerError
@@ -58,6 +58,9 @@ from clawrl.trainer.samples import (
     teacher_prompt_ids,
 )
 from clawrl.trainer.types import TrainSample
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +222,7 @@ class TrainerProcess:
         config: TrainerConfig,
         *,
         store: Store | None = None,
-        tokenizer: Any = None,
+        tokenizer: PreTrainedTokenizerBase | None = None,
         max_context: int = 2048,
         metrics: MetricsWriter | None = None,
         out: Callable[[str], None] = print,
@@ -305,6 +308,7 @@ class TrainerProcess:
                 continue
             prompt = None
             if j.hint and self.needs.uses_hint:
+                assert self.tokenizer is not None, "the rank that reads the store has it"
                 hinted = teacher_prompt_ids(self.tokenizer, turn, j.hint, self.needs.hint_placement)
                 if len(hinted) + len(turn.completion_ids) <= self.max_context:
                     prompt = hinted

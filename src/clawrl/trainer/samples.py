@@ -29,7 +29,7 @@ left out, so no sample is trained twice and none is lost.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from clawrl.chat import ChatMessage, ToolSpec, render_prompt
 from clawrl.config import HintPlacement, SampleNeeds
@@ -45,6 +45,9 @@ from clawrl.store import (
     WeightsKind,
 )
 from clawrl.trainer.types import TrainSample
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 HINT_TEMPLATE = "\n\n[Hint: {hint}]"
 SYSTEM_HINT_TEMPLATE = "Keep in mind what the user asked for: {hint}"
@@ -78,7 +81,7 @@ def hinted_messages(
 
 
 def teacher_prompt_ids(
-    tokenizer: Any, turn: TurnRecord, hint: str, placement: HintPlacement
+    tokenizer: PreTrainedTokenizerBase, turn: TurnRecord, hint: str, placement: HintPlacement
 ) -> list[int]:
     """``[p']`` token ids of the turn's hint-enhanced prompt (the OPD teacher's context)."""
     messages = [ChatMessage.model_validate(m) for m in turn.request_messages]
@@ -101,9 +104,12 @@ def decide(
 ) -> DropReason | None:
     """Why this judged turn is not a sample (``None``: it is one); see the module docstring.
 
-    Args:
-        lag: the trainer's policy version minus the turn's.
-        max_staleness: the most versions a sample may lag.
+    if TYPE_CHECKING:
+        from transformers import PreTrainedTokenizerBase
+
+        Args:
+            lag: the trainer's policy version minus the turn's.
+            max_staleness: the most versions a sample may lag.
     """
     if turn.status != TurnStatus.OK or not turn.trainable or not turn.completion_ids:
         return DropReason.UNTRAINABLE

@@ -25,7 +25,7 @@ import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from clawrl.config import TrainerConfig
 from clawrl.engine import Engine
@@ -34,6 +34,9 @@ from clawrl.store import Store
 from clawrl.trainer.metrics import MetricsWriter
 from clawrl.trainer.online import OnlineLearner
 from clawrl.trainer.trainer import Trainer
+
+if TYPE_CHECKING:
+    from clawrl.models import Policy
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +74,7 @@ class OnlineService:
         self,
         store: Store,
         engine: Engine,
-        policy: Any,
+        policy: Policy,
         judge: JudgeFn,
         config: TrainerConfig,
         *,

@@ -208,8 +208,8 @@ class Trainer:
 
     # ----------------------------------------------------------------- training
 
-    def _ref_logprobs(self, batch: Batch) -> torch.Tensor | None:
-        if self.method.loss.kl.beta <= 0:
+    def _ref_logprobs(self, batch: Batch, method: TrainedMethod) -> torch.Tensor | None:
+        if method.loss.kl.beta <= 0:
             return None
         return self._base_logprobs(batch)
 
@@ -260,8 +260,16 @@ class Trainer:
         out = dict(x for rank_parts in self._gather([parts]) for x in rank_parts)
         return [out[i] for i in range(len(requests))]
 
-    def train_step(self, samples: list[TrainSample]) -> dict[str, float]:
+    def train_step(
+        self, samples: list[TrainSample], *, method: TrainedMethod | None = None
+    ) -> dict[str, float]:
         """One optimizer step over ``samples``; returns ``/``-namespaced metrics.
+
+        Args:
+            samples: the batch, in the order the loss sums it.
+            method: this step's method (advantage, loss, what a sample needs) instead of the
+                trainer's own (``config.method``): the harness warm start's supervised steps.
+                A KL penalty needs the reference model the trainer was built with.
 
         Raises:
             TrainerError: no sample survives the staleness filter, or a sample lacks what the
@@ -278,14 +286,15 @@ class Trainer:
         kept = [samples[i] for i in stale.kept]
         if not kept:
             raise TrainerError(f"all {len(samples)} samples are stale")
-        self._check_method_inputs(kept)
+        method = self.method if method is None else method
+        self._check_method_inputs(kept, method)
         full = collate(kept)
-        loss_config = self.method.loss
+        loss_config = method.loss
         normalizers = count_normalizers(
             full.loss_mask, full.truncated, mask_truncated=loss_config.mask_truncated
         )
         # Credit once over the whole batch (GRPO groups whole), sliced per micro-batch below.
-        advantages = compute_advantages(self.method.advantage, self._advantage_inputs(full))
+        advantages = compute_advantages(method.advantage, self._advantage_inputs(full, method))
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         parts: list[tuple[float, dict[str, float]]] = []
@@ -303,7 +312,7 @@ class Trainer:
                     advantages=advantages.advantages[start:stop, :width].to(self.device),
                     loss_mask=batch.loss_mask,
                     old_logprobs=policy_lp.detach(),
-                    ref_logprobs=self._ref_logprobs(batch),
+                    ref_logprobs=self._ref_logprobs(batch, method),
                     entropy=entropy,
                     truncated=batch.truncated,
                     normalizers=normalizers,
@@ -343,7 +352,7 @@ class Trainer:
         }
         return metrics
 
-    def _advantage_inputs(self, full: Batch) -> AdvantageInputs:
+    def _advantage_inputs(self, full: Batch, method: TrainedMethod) -> AdvantageInputs:
         """What the method's advantage estimator reads from the full batch (the step tensors
         only for a method whose samples carry step scores: :func:`step_reward_inputs`).
 
@@ -351,11 +360,11 @@ class Trainer:
             TrainerError: two samples of one episode claim the same step.
         """
         step_scores = step_mask = token_steps = None
-        if self.method.needs.step_scores:
+        if method.needs.step_scores:
             try:
                 step_scores, step_mask, token_steps = step_reward_inputs(full)
             except ValueError as e:
-                raise TrainerError(f"method {self.method.kind!r}: {e}") from e
+                raise TrainerError(f"method {method.kind!r}: {e}") from e
         return AdvantageInputs(
             loss_mask=full.loss_mask,
             rewards=full.rewards,
@@ -383,9 +392,9 @@ class Trainer:
             torch.nn.utils.clip_grads_with_norm_(self.params, self.config.grad_clip, total)
         return float(total)
 
-    def _check_method_inputs(self, samples: list[TrainSample]) -> None:
-        needs = self.method.needs
-        kind = self.method.kind
+    def _check_method_inputs(self, samples: list[TrainSample], method: TrainedMethod) -> None:
+        needs = method.needs
+        kind = method.kind
         if needs.any_of == ("reward",) and any(s.reward is None for s in samples):
             raise TrainerError(f"method {kind!r} needs a reward on every sample")
         if needs.any_of == ("hint",) and any(s.teacher_logprobs is None for s in samples):
