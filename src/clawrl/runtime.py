@@ -373,26 +373,32 @@ def build_runtime(
         trainer: Trainer | None = None
         harness_learner: Learner | None = None
         if method.trains and online and not external:
+            from clawrl.trainer.metrics import MetricsWriter
             from clawrl.trainer.service import OnlineService
 
             if judge is None:
                 judge = call_in_transient_thread(build_judge, config, name="clawrl-load")
                 owned.append(judge.close)
             judged_by = judge.judge
+            metrics = MetricsWriter.from_config(config.trainer.output_dir, config)
+            owned.append(metrics.close)
             service = call_in_transient_thread(lambda: OnlineService(
                 store, engine, policy, judged_by, config.trainer,
-                judge_timeout_s=config.judge.timeout_s, schedule=schedule,
+                judge_timeout_s=config.judge.timeout_s, schedule=schedule, metrics=metrics,
             ), name="clawrl-load")  # fmt: skip
         elif method.trains and not online:  # harness mode: the caller steps this learner
             from clawrl.trainer import Trainer
             from clawrl.trainer.learner import Learner
+            from clawrl.trainer.metrics import MetricsWriter
 
             start = engine.policy_version
             trainer = call_in_transient_thread(
                 lambda: Trainer(policy.model, config.trainer, policy_version=start),
                 name="clawrl-load",
             )
-            harness_learner = Learner(trainer, store, engines=[engine])
+            metrics = MetricsWriter.from_config(config.trainer.output_dir, config)
+            owned.append(metrics.close)
+            harness_learner = Learner(trainer, store, engines=[engine], metrics=metrics)
             if method.needs.step_scores and judge is None:  # PRM + outcome judges each turn
                 judge = call_in_transient_thread(build_judge, config, name="clawrl-load")
                 owned.append(judge.close)
@@ -532,7 +538,7 @@ def build_trainer_process(
     store = metrics = None
     if env.is_main:
         store = Store(config.server.store)
-        metrics = MetricsWriter(config.trainer.output_dir)
+        metrics = MetricsWriter.from_config(config.trainer.output_dir, config)
     return TrainerProcess(
         trainer, env, config.trainer, store=store, tokenizer=policy.tokenizer,
         max_context=policy.max_context, metrics=metrics, out=out,

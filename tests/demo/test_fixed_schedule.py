@@ -70,6 +70,19 @@ def test_two_runs_with_one_seed_give_the_same_numbers(tmp_path):
     assert a.sessions == b.sessions
 
 
+def test_a_wave_never_holds_more_samples_than_can_train_fresh():
+    """A wave's samples all come from one version; past ``max_staleness + 1`` steps of them the
+    rest would be dropped as stale, so waves are cut to fit."""
+    from clawrl.demo.runner import fixed_wave_size
+
+    cfg = load_config(None)  # max_staleness 4: 5 steps' worth
+    assert fixed_wave_size(DemoSettings(concurrency=6, batch_size=4), cfg, max_turns=2) == 6
+    assert fixed_wave_size(DemoSettings(concurrency=6, batch_size=2), cfg, max_turns=2) == 5
+    assert fixed_wave_size(DemoSettings(concurrency=6, batch_size=4), cfg, max_turns=4) == 5
+    tight = load_config(None, ["trainer.max_staleness=0"])
+    assert fixed_wave_size(DemoSettings(concurrency=6, batch_size=1), tight, max_turns=3) == 1
+
+
 def test_seeds_and_sample_order_do_not_depend_on_timing():
     assert request_seed(None, "s", 0) is None
     seeds = {request_seed(3, f"sim-w00000-{i}", call) for i in range(20) for call in range(4)}

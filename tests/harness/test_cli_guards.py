@@ -70,3 +70,22 @@ def test_a_resumed_run_keeps_its_task_stream_and_may_change_the_rest(tmp_path):
         _check_same_run(tmp_path, {**run, "split": "heldout"})
     with pytest.raises(ConfigError, match="limit"):
         _check_same_run(tmp_path, {**run, "limit": 3})
+
+
+def test_a_run_recorded_before_the_harness_section_still_resumes(tmp_path):
+    """Older ``run.json`` files hold ``--harness`` as typed and 0 or "" for an unset limit,
+    time limit or match; they compare equal to the same run's settings now."""
+    import json
+
+    from clawrl.cli.harness import _check_same_run
+    from clawrl.errors import ConfigError
+
+    old = {"model": "m", "harness": "reference, mini-swe-agent", "tasks": "builtin",
+           "split": "train", "match": "", "limit": 0, "time_limit": 0, "tasks_per_step": 4,
+           "group_size": 4}  # fmt: skip
+    (tmp_path / "run.json").write_text(json.dumps(old))
+    now = {**old, "harness": "reference,mini-swe-agent", "match": None, "limit": None,
+           "time_limit": None}  # fmt: skip
+    _check_same_run(tmp_path, now)
+    with pytest.raises(ConfigError, match="harness"):
+        _check_same_run(tmp_path, {**now, "harness": "reference"})

@@ -173,6 +173,12 @@ def test_a_step_may_train_with_another_method_and_leaves_the_trainers_own(policy
     assert m["adv/min"] == -1.0 and m["adv/max"] == 1.0
     with pytest.raises(TrainerError, match="teacher"):
         tr.train_step(samples)
+    # a full fine-tune without a KL penalty keeps no reference model: a step with one is refused
+    no_kl = {"kind": "rl", "loss": {"kl": {"beta": 0.0}}}
+    full = Trainer(policy.model, TrainerConfig(method=no_kl, full_finetune=True), tmp_path / "f")
+    kl = TrainerConfig(method={"kind": "rl", "loss": {"kl": {"beta": 0.1}}}).method
+    with pytest.raises(TrainerError, match="without a reference model"):
+        full.train_step(samples, method=kl)  # type: ignore[arg-type]
 
 
 def test_token_logprobs_match_the_full_vocabulary_projection(policy):

@@ -315,7 +315,6 @@ def cmd_train(args: argparse.Namespace) -> int:
     from clawrl.engine.threads import call_in_transient_thread
     from clawrl.harness.loop import HarnessRunner, resume_point, train
     from clawrl.runtime import build_runtime
-    from clawrl.trainer.metrics import MetricsWriter
 
     if args.steps is not None and args.steps < 0:
         raise ConfigError(f"--steps {args.steps}: nothing to train (give --steps >= 1, or "
@@ -380,7 +379,6 @@ def cmd_train(args: argparse.Namespace) -> int:
               flush=True)  # fmt: skip
     settings = _settings(hc, policy.name, group_size=hc.group_size)
     runner = HarnessRunner(runtime.app, runtime.store, settings)
-    writer = MetricsWriter(out, tensorboard=False)
     judge = runtime.judge.judge if runtime.judge is not None else None
     warm = f"a warm start from {hc.warm_start}, then " if hc.warm_start else ""
     print(f"training {warm}{hc.steps} steps x {min(hc.tasks_per_step, len(tasks))} tasks x "
@@ -409,7 +407,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             _warm_start(hc, settings, runtime, tasks)
         train(
             runner, runtime.learner, runtime.engine, tasks, steps=hc.steps,
-            tasks_per_step=hc.tasks_per_step, metrics_writer=writer, judge=judge,
+            tasks_per_step=hc.tasks_per_step, judge=judge,
             judge_timeout_s=cfg.judge.timeout_s + 30.0, on_step=step_line, start=start,
         )  # fmt: skip
     finally:
@@ -477,13 +475,24 @@ def _check_same_run(out: Path, run: dict[str, Any]) -> None:
         raise ConfigError(f"{out} has checkpoints but no run.json: not a clawrl harness run")
     before = json.loads(path.read_text())
     now = json.loads(json.dumps(run, default=str))
-    differ = [k for k in _RESUME_SAME if before.get(k) != now.get(k)]
+    differ = [k for k in _RESUME_SAME if _same_form(k, before.get(k)) != _same_form(k, now.get(k))]
     if differ:
         shown = "; ".join(f"{k}: {before.get(k)!r} -> {now[k]!r}" for k in differ)
         raise ConfigError(
             f"{out} holds a run started with other settings ({shown}): resuming it with these "
             "would train other tasks or another way; give the same flags, or a new --out"
         )
+
+
+def _same_form(key: str, value: Any) -> Any:
+    """A ``run.json`` value as resuming compares it: the harness list without spaces, and an
+    unset limit, time limit or match as ``None`` (runs started before the ``[harness]`` section
+    recorded ``--harness`` as typed and 0 or "" for "off")."""
+    if key == "harness" and isinstance(value, str):
+        return ",".join(h.strip() for h in value.split(",") if h.strip())
+    if key in ("limit", "time_limit", "match") and not value:
+        return None
+    return value
 
 
 def _source_store(spec: str) -> Store:
@@ -655,6 +664,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.run and not args.version:
         print(f"note: --run {args.run} without --version evaluates the base policy (version 0); "
               "pass --version N or 0,N", file=sys.stderr)  # fmt: skip
+    if args.split is None and split != "heldout":
+        print(f"note: harness.split = {split!r} from the settings: evaluating on {split} tasks, "
+              "not the held-out ones (--split heldout overrides it)", file=sys.stderr)  # fmt: skip
     _check_run_model(args, cfg.model.spec)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

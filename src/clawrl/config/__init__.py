@@ -57,6 +57,7 @@ __all__ = [
     "HarnessConfig",
     "HintPlacement",
     "MethodConfig",
+    "MetricsConfig",
     "ModelConfig",
     "OPDMethod",
     "OffMethod",
@@ -243,6 +244,34 @@ class TrainerConfig(_Section):
         return expand_method(value)
 
 
+class MetricsConfig(_Section):
+    """Where each training step's metrics go, in every mode (``clawrl serve``, the demo,
+    ``clawrl train``, ``clawrl harness train``): one JSON line per step in the output
+    directory's ``metrics.jsonl`` always, and the sinks below."""
+
+    tensorboard: bool = Field(
+        True, description="TensorBoard event files under OUTPUT_DIR/tensorboard."
+    )
+    wandb: bool = Field(
+        False,
+        description="Weights & Biases: one run per training run, with this whole config as the "
+        "run's config (pip install 'clawrl[wandb]'; log in with `wandb login`, or use "
+        "wandb_mode offline).",
+    )
+    wandb_project: str = Field("clawrl", min_length=1, description="W&B project.")
+    wandb_entity: str | None = Field(
+        None, description="W&B entity (team or user); None: the logged-in user's default."
+    )
+    wandb_run_name: str | None = Field(
+        None, min_length=1, description="W&B run name; None: the output directory's name."
+    )
+    wandb_mode: Literal["online", "offline"] = Field(
+        "online",
+        description="online: stream to the W&B server; offline: write the run under "
+        "OUTPUT_DIR/wandb, to upload later with `wandb sync`.",
+    )
+
+
 class Config(BaseModel):
     """All clawrl settings, one section per component."""
 
@@ -255,6 +284,7 @@ class Config(BaseModel):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     judge: JudgeConfig = Field(default_factory=JudgeConfig)
     harness: HarnessConfig = Field(default_factory=HarnessConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
 
 
 def _parse_value(raw: str) -> Any:

@@ -393,12 +393,13 @@ def run_method(
     train_problems = list(split.train)
     cursor = wave = 0
     fixed = settings.schedule == "fixed"
+    wave_size = fixed_wave_size(settings, mcfg, max_turns)
     try:
         for target in sorted({min(s, settings.steps) for s in settings.eval_steps}):
             service.step_limit = target
             deadline = time.monotonic() + settings.timeout_s * max(1, settings.jobs)
             if fixed:  # samples left over from the last wave first
-                _settle(service, [], deadline)
+                _settle(service, [])
 
             def reached(t: int = target) -> bool:
                 return service.status().steps >= t
@@ -418,7 +419,7 @@ def run_method(
                     break
                 if fixed:  # a wave of seeded sessions to their end, then the steps it allows
                     batch = [train_problems[(cursor + i) % len(train_problems)]
-                             for i in range(settings.concurrency)]  # fmt: skip
+                             for i in range(wave_size)]  # fmt: skip
                     done = run_sessions(
                         server.url, user, batch, concurrency=settings.concurrency,
                         temperature=temperature, max_tokens=max_tokens, max_turns=max_turns,
@@ -429,7 +430,7 @@ def run_method(
                     logs[len(logs) - len(done) :] = done  # in start order
                     cursor += len(done)
                     wave += 1
-                    _settle(service, [log.session_id for log in done], deadline)
+                    _settle(service, [log.session_id for log in done])
                     continue
                 # a pool, not waves: a new session starts as soon as one ends, so the engine
                 # keeps ``concurrency`` sessions decoding instead of waiting for a wave's slowest
@@ -488,10 +489,18 @@ def _keep_last_policy(trainer_dir: Path) -> str | None:
     return str(versions[-1]) if versions else None
 
 
-def _settle(service: OnlineService, sessions: list[str], deadline: float) -> None:
+def fixed_wave_size(settings: DemoSettings, cfg: Config, max_turns: int) -> int:
+    """Sessions per wave of the fixed schedule: ``settings.concurrency``, fewer when a wave's
+    samples (at most ``max_turns`` per session, all sampled by one version) could fill more
+    steps than ``trainer.max_staleness + 1``: the last ones would go stale before their step."""
+    fits = (cfg.trainer.max_staleness + 1) * settings.batch_size // max(1, max_turns)
+    return max(1, min(settings.concurrency, fits))
+
+
+def _settle(service: OnlineService, sessions: list[str]) -> None:
     """The fixed schedule's step (:meth:`clawrl.trainer.service.OnlineService.settle`), then
     wait until the engine serves the version it ended at, so the next wave samples from it."""
-    service.settle_from_thread(sessions, timeout_s=max(60.0, deadline - time.monotonic()))
+    service.settle_from_thread(sessions)
     end = time.monotonic() + 120.0
     while not service.serving_version(service.status().policy_version):
         if time.monotonic() > end:

@@ -72,7 +72,6 @@ from clawrl.store import (
     new_id,
 )
 from clawrl.trainer.learner import Learner
-from clawrl.trainer.metrics import MetricsWriter
 from clawrl.trainer.types import TrainSample
 
 if TYPE_CHECKING:
@@ -272,7 +271,6 @@ def train(
     *,
     steps: int,
     tasks_per_step: int,
-    metrics_writer: MetricsWriter | None = None,
     judge: JudgeFn | None = None,
     judge_timeout_s: float = 150.0,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
@@ -283,7 +281,8 @@ def train(
 
     Args:
         learner: the one learner over the run's trainer (its method says whether turns are
-            judged: ``needs.step_scores``), publishing to ``engine``.
+            judged: ``needs.step_scores``), publishing to ``engine``; each step's metrics row
+            (rollouts, groups, drops and the trainer's numbers) goes to its sinks.
         judge: ``async (JudgeInput) -> Judgment`` scoring each turn's next state; required by a
             method with step scores (``prm_outcome``), unused otherwise.
         judge_timeout_s: the most seconds one judgment may take.
@@ -304,7 +303,7 @@ def train(
                                concurrency=runner.settings.parallel)  # fmt: skip
     try:
         return _train_steps(runner, learner, engine, tasks, steps=steps,
-                            tasks_per_step=tasks_per_step, metrics_writer=metrics_writer,
+                            tasks_per_step=tasks_per_step,
                             step_judge=step_judge, on_step=on_step, start=start)  # fmt: skip
     finally:
         if step_judge is not None:
@@ -319,7 +318,6 @@ def _train_steps(
     *,
     steps: int,
     tasks_per_step: int,
-    metrics_writer: MetricsWriter | None,
     step_judge: StepJudge | None,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
     start: ResumePoint = ResumePoint(),
@@ -392,7 +390,7 @@ def _train_steps(
             turn_ids = list(dict.fromkeys(s.turn_id for s in built.samples if s.turn_id))
             meta = {"harness_step": step + 1, "harness_cursor": cursor}
             trained = call_in_transient_thread(
-                functools.partial(learner.step, built.samples, turn_ids, meta=meta)
+                functools.partial(learner.step, built.samples, turn_ids, meta=meta, record=False)
             )
             trained["trainer/step"] = trained.pop("step", 0.0)  # the row's "step" is the loop's
             metrics.update(trained)
@@ -401,8 +399,7 @@ def _train_steps(
             metrics["step/skipped_no_signal"] = 1.0
             metrics["policy/version"] = float(learner.policy_version)
         metrics["time/harness_step"] = time.perf_counter() - t0
-        if metrics_writer is not None:
-            metrics_writer.write(step + 1, metrics)
+        learner.record(step + 1, metrics)  # the step's row, once (the learner's sinks)
         log.info("harness step %d: %s", step + 1, metrics)
         history.append(metrics)
         if on_step is not None:

@@ -373,7 +373,9 @@ def warm_start(
             on_step(step, len(batches), metrics)
     trainer.reset_optimizer()  # RL starts with fresh Adam moments and its own warm-up
     turn_ids = list(dict.fromkeys(s.turn_id for s in samples if s.turn_id))
-    commit = functools.partial(learner.commit, turn_ids, meta={"warm_start": True})
+    # no metrics row: the harness steps' rows are numbered by harness step from 1 (W&B wants
+    # them increasing); the warm start reports through on_step and its report
+    commit = functools.partial(learner.commit, turn_ids, meta={"warm_start": True}, record=False)
     version = int(call_in_transient_thread(commit)["policy/version"])
     wait_for_version(engine, version)
     report.version = version

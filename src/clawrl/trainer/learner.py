@@ -208,6 +208,7 @@ class Learner:
         meta: Mapping[str, Any] | None = None,
         metrics: Mapping[str, float] | None = None,
         metrics_step: int | None = None,
+        record: bool = True,
     ) -> dict[str, float]:
         """One step (module docstring, 1-7) on ``samples``, which train ``turn_ids``.
 
@@ -217,6 +218,8 @@ class Learner:
             meta: kept in the checkpoint beside the turn ids (e.g. ``{"harness_step": 3}``).
             metrics: the source's own metrics of this step, written with the trainer's.
             metrics_step: the index the metrics are written at (default: the trainer's step).
+            record: write the metrics row now (``False``: the source adds its own numbers and
+                writes the row with :meth:`record`, still once).
 
         Returns:
             The step's metrics (the trainer's, ``policy/version``, ``time/step_total`` and the
@@ -229,7 +232,7 @@ class Learner:
         t0 = time.perf_counter()
         trained = self.trainer.train_step(list(samples))
         return self.commit(turn_ids, meta=meta, metrics={**trained, **(metrics or {})},
-                           metrics_step=metrics_step, started=t0)  # fmt: skip
+                           metrics_step=metrics_step, started=t0, record=record)  # fmt: skip
 
     def commit(
         self,
@@ -239,6 +242,7 @@ class Learner:
         metrics: Mapping[str, float] | None = None,
         metrics_step: int | None = None,
         started: float | None = None,
+        record: bool = True,
     ) -> dict[str, float]:
         """Steps 2-7 of the module docstring for the weights the trainer holds now: number the
         version, save it, checkpoint (with ``turn_ids`` and ``meta``), write the ``samples``
@@ -265,9 +269,17 @@ class Learner:
         self._publish(version, weights)
         if started is not None:
             out["time/step_total"] = time.perf_counter() - started
-        if self.metrics is not None:
-            self.metrics.write(self.trainer.step if metrics_step is None else metrics_step, out)
+        if record:
+            self.record(self.trainer.step if metrics_step is None else metrics_step, out)
         return out
+
+    def record(self, step: int, metrics: Mapping[str, float]) -> None:
+        """Write one step's metrics row to the sinks (:class:`MetricsWriter`: JSONL,
+        TensorBoard, W&B), on the writing rank; nothing without sinks. Every mode's rows go
+        through here: the step's own (:meth:`commit`), or a source's step that trained nothing
+        or added its numbers (harness RL)."""
+        if self.writer and self.metrics is not None:
+            self.metrics.write(step, metrics)
 
     def train_only(
         self, samples: Sequence[TrainSample], *, method: TrainedMethod | None = None

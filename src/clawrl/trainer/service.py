@@ -68,6 +68,7 @@ class OnlineService:
             the latest checkpoint).
         judge_timeout_s: most seconds one judgment may take.
         schedule: ``async`` or ``fixed`` (see the module docstring).
+        metrics: the step metrics' sinks (default: JSONL and TensorBoard in ``output_dir``).
     """
 
     def __init__(
@@ -80,13 +81,14 @@ class OnlineService:
         *,
         judge_timeout_s: float = 120.0,
         schedule: Literal["async", "fixed"] = "async",
+        metrics: MetricsWriter | None = None,
     ) -> None:
         self.output_dir = Path(config.output_dir)
         self.engine = engine
         self.trainer = Trainer(
             policy.model, config, self.output_dir, policy_version=engine.policy_version
         )
-        self.metrics = MetricsWriter(self.output_dir)
+        self.metrics = metrics if metrics is not None else MetricsWriter(self.output_dir)
         self.learner = OnlineLearner(store, engine, policy.tokenizer, self.trainer, self.metrics)
         # the judge keeps its own deadline; the worker's is a guard for judges that do not
         self.worker = JudgeWorker(store, judge, timeout_s=judge_timeout_s + 30.0)
@@ -147,6 +149,7 @@ class OnlineService:
                 with contextlib.suppress(asyncio.CancelledError):
                     await t
         self._tasks = []
+        self._loop = None
         self.metrics.close()
 
     async def settle(self, sessions: Sequence[str]) -> int:
@@ -171,22 +174,19 @@ class OnlineService:
             steps += 1
         return steps
 
-    def settle_from_thread(self, sessions: Sequence[str], timeout_s: float = 3600.0) -> int:
+    def settle_from_thread(self, sessions: Sequence[str]) -> int:
         """:meth:`settle` on the server's event loop, called from another thread (the demo's
-        driver); blocks until it is done.
+        driver); blocks until it is done (a step is never cut short: its checkpoint and rows
+        are written or it failed).
 
         Raises:
-            RuntimeError: the service was not started, or runs the ``async`` schedule.
-            TimeoutError: it took longer than ``timeout_s`` seconds.
+            RuntimeError: the service is not running, or runs the ``async`` schedule.
+            ClawrlError: as :meth:`settle`.
         """
-        if self._loop is None:
+        loop = self._loop
+        if loop is None:
             raise RuntimeError("the service is not running: start the server first")
-        future = asyncio.run_coroutine_threadsafe(self.settle(list(sessions)), self._loop)
-        try:
-            return future.result(timeout=timeout_s)
-        except TimeoutError:
-            future.cancel()
-            raise
+        return asyncio.run_coroutine_threadsafe(self.settle(list(sessions)), loop).result()
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: object) -> AsyncIterator[None]:

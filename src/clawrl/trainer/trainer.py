@@ -287,6 +287,12 @@ class Trainer:
         if not kept:
             raise TrainerError(f"all {len(samples)} samples are stale")
         method = self.method if method is None else method
+        if method.loss.kl.beta > 0 and self.ref_logprobs is None and self.config.full_finetune:
+            raise TrainerError(
+                f"method {method.kind!r} has a KL penalty but this trainer was built without a "
+                "reference model (its own method has none): full fine-tuning has no adapter "
+                "to disable for the base weights"
+            )
         self._check_method_inputs(kept, method)
         full = collate(kept)
         loss_config = method.loss
