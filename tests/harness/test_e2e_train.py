@@ -16,7 +16,15 @@ from clawrl.config import TrainerConfig
 from clawrl.engine.scripted import ScriptedEngine
 from clawrl.errors import ConfigError, TrainerError
 from clawrl.gateway import create_app
-from clawrl.harness.loop import HarnessRunner, HarnessSettings, eval_row, evaluate, train
+from clawrl.gateway.seeding import SESSION_SEED_KEY, call_seed
+from clawrl.harness.loop import (
+    HarnessRunner,
+    HarnessSettings,
+    eval_row,
+    evaluate,
+    rollout_seed,
+    train,
+)
 from clawrl.harness.samples import step_samples
 from clawrl.harness.tasks import BUILTIN_TASKS, load_task
 from clawrl.store import GroupDecision, RolloutPurpose, Store
@@ -88,6 +96,19 @@ def test_two_training_steps_through_the_reference_harness(tmp_path, tiny):
         ]  # fmt: skip
         assert all(g.decision is GroupDecision.KEPT and g.reward_mean == 0.5 for g in groups)
         assert groups[0].label == "create-file-0/reference/1" and groups[0].task_id == task.id
+        # seeded sampling: each rollout's session carries its seed (members, steps differ),
+        # and each call was sampled (and recorded) with a seed fixed by it and the prompt
+        seeds = {r.rollout.id: store.get_session(r.rollout.id).metadata[SESSION_SEED_KEY]
+                 for r in recorded}  # fmt: skip
+        assert sorted(seeds.values()) == sorted(
+            rollout_seed(0, RolloutPurpose.TRAIN, g.step, g.label, m)
+            for g in groups
+            for m in (0, 1)
+        )
+        assert len(set(seeds.values())) == 4
+        for rid, seed in seeds.items():
+            for t in store.session_turns(rid):
+                assert t.sampling_params["seed"] == call_seed(seed, t.prompt_ids, 0, 0)
 
         # credit: every sampled token of each rollout is trained exactly once, carrying its
         # rollout's reward, group and episode (the trainer's GRPO turns them into A = +-0.707)
@@ -181,3 +202,10 @@ def test_a_killed_run_resumes_at_the_next_step_and_trains_no_group_twice(tmp_pat
             stale.next_version()
         with pytest.raises(ConfigError, match="no checkpoint"):
             stale.resume()
+        # the next number comes from the store, which must end at the trainer's own version
+        assert second.next_version() == store.latest_policy_version().version + 1 == 3
+    with Store(tmp_path / "fresh.db") as empty:
+        behind = Learner(Trainer(tiny.model, config, tmp_path / "run"), empty)
+        behind.restore()  # the trainer is at v2, the store has no record of it
+        with pytest.raises(TrainerError, match=r"call Learner\.resume"):
+            behind.next_version()

@@ -12,7 +12,14 @@ from clawrl.chat import ChatMessage, render_prompt
 from clawrl.config import TrainerConfig
 from clawrl.engine import SamplingParams, TransformersEngine
 from clawrl.models import tiny_policy
-from clawrl.store import JudgmentRecord, Store, TurnRecord, TurnStatus
+from clawrl.store import (
+    JudgmentRecord,
+    PolicyVersionRecord,
+    Store,
+    TurnRecord,
+    TurnStatus,
+    WeightsKind,
+)
 from clawrl.trainer import Trainer
 from clawrl.trainer.metrics import MetricsWriter, read_metrics
 from clawrl.trainer.online import OnlineLearner, hinted_messages
@@ -188,7 +195,10 @@ def test_samples_gone_stale_while_waiting_are_dropped_not_retried_forever(world)
     old = _record(policy, engine, store, 4, score=1)
     learner = _learner(policy, engine, store, tmp, method="rl")
     assert asyncio.run(learner.collect()) == 4
-    learner.trainer.policy_version = learner.config.max_staleness + 1  # steps taken meanwhile
+    # steps taken meanwhile: the trainer and the store's record both moved on
+    learner.trainer.policy_version = learner.config.max_staleness + 1
+    for v in range(1, learner.trainer.policy_version + 1):
+        store.publish_policy_version(PolicyVersionRecord(v, WeightsKind.FULL))
     assert asyncio.run(learner.step_if_ready()) is None
     assert all(store.get_sample(t).reason == "stale" for t in old)
     assert learner._ready == {} and learner.state.drops["drop/stale"] == 4

@@ -9,9 +9,11 @@ Each calls :meth:`Learner.step` with a batch and the turn ids it holds; the lear
 order:
 
 1. takes the optimizer step (:meth:`clawrl.trainer.Trainer.train_step`);
-2. numbers the new version: one past the trainer's (:meth:`Learner.next_version`, the only place
-   a policy version is incremented); the store's ``policy_versions`` is the record of which
-   versions exist, and a store holding a newer version than this trainer's is refused;
+2. numbers the new version: one past the newest in the store's ``policy_versions``, the one
+   record of which versions exist (:meth:`Learner.next_version`, the only place a policy version
+   is incremented); a store that does not end at the trainer's own version is refused (another
+   trainer published there, or a crash left a version unrecorded and :meth:`Learner.resume` was
+   not called);
 3. saves the weights as ``OUTPUT_DIR/policies/vN``;
 4. writes a checkpoint holding the step's turn ids (and what the source adds: the harness step);
 5. writes the turns' ``samples`` rows (after the checkpoint: a crash before it redoes the step
@@ -125,21 +127,34 @@ class Learner:
         return latest.version if latest is not None else 0
 
     def next_version(self) -> int:
-        """The number of the version the next step produces: one past the trainer's. The only
-        place a policy version is incremented.
+        """The number of the version the next step produces: one past the newest version in
+        the store's ``policy_versions``. The only place a policy version is incremented.
+
+        The writer reads the store; the other torchrun ranks (and a writer built with
+        ``check_store=False``) count one past the trainer's version, which :meth:`resume`
+        made equal to the store's on the writer.
 
         Raises:
-            TrainerError: (writer) the store already holds a newer version than the trainer's
-                (another trainer published on this store).
+            TrainerError: (writer) the store's newest version is not the trainer's: newer
+                (another trainer published on this store) or older (a crash left the trainer's
+                version unrecorded and :meth:`resume` was not called).
         """
-        version = self.trainer.policy_version + 1
-        if self.writer and self.check_store and (stored := self.stored_version()) >= version:
+        mine = self.trainer.policy_version
+        if not (self.writer and self.check_store):
+            return mine + 1
+        stored = self.stored_version()
+        if stored > mine:
             raise TrainerError(
-                f"the store already holds policy v{stored} and this trainer is at "
-                f"v{self.trainer.policy_version}: another trainer published on this store "
-                "(one trainer per store; resume with its output directory)"
+                f"the store already holds policy v{stored} and this trainer is at v{mine}: "
+                "another trainer published on this store (one trainer per store; resume with "
+                "its output directory)"
             )
-        return version
+        if stored < mine:
+            raise TrainerError(
+                f"the trainer is at policy v{mine} but the store's newest version is "
+                f"v{stored}: call Learner.resume() first, which records the missing version"
+            )
+        return stored + 1
 
     # ---------------------------------------------------------------- resume
 
