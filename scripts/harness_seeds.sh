@@ -3,7 +3,7 @@
 #
 #   scripts/harness_seeds.sh [OUT] [-- extra 'clawrl harness train' flags, e.g. --lr 1e-3]
 #
-# Trains SEEDS runs (trainer.seed = 0..SEEDS-1; rollout sampling differs between runs anyway),
+# Trains SEEDS runs (trainer.seed = 0..SEEDS-1: the LoRA init, shuffles and rollout sampling),
 # evaluates the base model once and each run's last published version on the held-out split (k
 # rollouts per task), then compares: per run the paired gain over the base with intervals over
 # families and over tasks within families, and the mean gain over runs with a Student-t interval

@@ -28,6 +28,10 @@ def test_the_section_validates_and_names_the_bad_setting():
         load_config(None, ['harness.isolation="docker"'])
     with pytest.raises(ConfigError, match=r"harness\.nope"):
         load_config(None, ["harness.nope=1"])
+    # the rollouts' sampling seed: the trainer's unless set, none when turned off
+    assert load_config(None, ["trainer.seed=3"]).harness.sampling_seed(3) == 3
+    assert HarnessConfig(seed=5).sampling_seed(3) == 5
+    assert HarnessConfig(seed=5, seeded=False).sampling_seed(3) is None
 
 
 def _eval_rows(capsys) -> list[dict]:

@@ -188,6 +188,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--limit", type=int, help="use only the first N tasks (by id, after --match)")
     p.add_argument("--time-limit", type=float, help="override every task's time limit (s)")
+    p.add_argument("--seed", type=int,
+                   help="the run's seed (trainer.seed, 0): the LoRA init, the shuffles and every "
+                   "rollout's sampling (harness.seed sets the sampling's alone, "
+                   "harness.seeded=false turns it off)")  # fmt: skip
     add_config_options(p)
     add_engine_options(p)
 
@@ -220,6 +224,11 @@ def _config(args: argparse.Namespace, command: str) -> Config:
         value = getattr(args, flag, None)
         if value is not None:
             harness[key] = value
+    if getattr(args, "seed", None) is not None:
+        trainer = data.setdefault("trainer", {})
+        if not isinstance(trainer, dict):
+            raise ConfigError("trainer must be a table of settings")
+        trainer["seed"] = args.seed
     cfg = with_model_flags(validate_config(data), args)
     if command == "eval":
         cfg = cfg.model_copy(
@@ -261,10 +270,11 @@ def _policy(cfg: Config) -> Policy:
     return call_in_transient_thread(load_model, cfg)
 
 
-def _settings(hc: HarnessConfig, model_name: str, *, group_size: int) -> HarnessSettings:
-    """The runner's view of ``hc`` (:class:`clawrl.harness.loop.HarnessSettings`)."""
+def _settings(cfg: Config, model_name: str, *, group_size: int) -> HarnessSettings:
+    """The runner's view of ``cfg.harness`` (:class:`clawrl.harness.loop.HarnessSettings`)."""
     from clawrl.harness.loop import HarnessSettings
 
+    hc = cfg.harness
     return HarnessSettings(
         harnesses=list(hc.harnesses),
         group_size=group_size,
@@ -272,6 +282,7 @@ def _settings(hc: HarnessConfig, model_name: str, *, group_size: int) -> Harness
         isolation=hc.isolation,
         options={"max_steps": hc.max_steps} if hc.max_steps else {},
         model_name=model_name,
+        seed=hc.sampling_seed(cfg.trainer.seed),
     )
 
 
@@ -377,7 +388,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if resuming:
         print(f"resuming {out} after step {start.step} (policy v{runtime.trainer.policy_version})",
               flush=True)  # fmt: skip
-    settings = _settings(hc, policy.name, group_size=hc.group_size)
+    settings = _settings(cfg, policy.name, group_size=hc.group_size)
     runner = HarnessRunner(runtime.app, runtime.store, settings)
     judge = runtime.judge.judge if runtime.judge is not None else None
     warm = f"a warm start from {hc.warm_start}, then " if hc.warm_start else ""
@@ -679,7 +690,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     )
     runs = []
     try:
-        settings = _settings(hc, policy.name, group_size=1)
+        settings = _settings(cfg, policy.name, group_size=1)
         runner = HarnessRunner(runtime.app, runtime.store, settings)
         try:
             for version in versions:

@@ -63,6 +63,19 @@ class HarnessConfig(BaseModel):
     time_limit_s: float | None = Field(
         None, gt=0, description="Seconds every rollout may take; None: each task's own limit."
     )
+    seeded: bool = Field(
+        True,
+        description="Seed every rollout's sampling: a rollout's calls use seeds fixed by the "
+        "run's seed, the step, the group and the member, so a run with the same seed samples "
+        "the same answers whatever else is in flight (calls sending their own seed keep it); "
+        "false: unseeded.",
+    )
+    seed: int | None = Field(
+        None,
+        ge=0,
+        description="The rollouts' sampling seed; None: the trainer's seed (trainer.seed, the "
+        "--seed flag), so one seed decides the LoRA init, the shuffles and the sampling.",
+    )
     warm_start: str | None = Field(
         None,
         min_length=1,
@@ -73,6 +86,13 @@ class HarnessConfig(BaseModel):
     warm_start_per_task: int = Field(
         2, ge=1, description="Distinct command lists replayed per task at most."
     )
+
+    def sampling_seed(self, trainer_seed: int) -> int | None:
+        """The run's rollout sampling seed (``None``: unseeded): ``seed``, else
+        ``trainer_seed``."""
+        if not self.seeded:
+            return None
+        return self.seed if self.seed is not None else trainer_seed
 
     @field_validator("match")
     @classmethod

@@ -70,6 +70,7 @@ from clawrl.gateway.recorder import (
     notify_listeners,
     record_choices,
 )
+from clawrl.gateway.seeding import seeded_params
 from clawrl.gateway.state import GatewayState
 from clawrl.store import ApiProtocol, TurnStatus, UntrainableReason
 from clawrl.trajectory.history import HISTORY_LINK_FACT
@@ -307,7 +308,8 @@ async def start_call(gw: GatewayState, request: Request, req: CallRequest) -> Ca
         prepared=prepared, client=client, sampling=sampling, created_at=created,
         started=started, protocol=req.protocol,
     )  # fmt: skip
-    call = Call(ctx, [ChoiceResult(index=i, params=p) for i, p in enumerate(req.params)])
+    params = seeded_params(req.params, prepared.sampling_seed, prepared.prompt_ids, retries)
+    call = Call(ctx, [ChoiceResult(index=i, params=p) for i, p in enumerate(params)])
     if len(prepared.prompt_ids) >= gw.engine.max_context:
         exc = ContextLengthError(len(prepared.prompt_ids), gw.engine.max_context)
         await record_failure(gw, ctx, call.choices, exc)

@@ -43,6 +43,7 @@ from clawrl.gateway.attribution import (
     link_call,
 )
 from clawrl.gateway.ephemeral import drop_ephemeral
+from clawrl.gateway.seeding import session_seed
 from clawrl.gateway.side_calls import side_kind_from_messages
 from clawrl.gateway.splice import (
     describe_rewrite,
@@ -82,6 +83,8 @@ class PreparedCall:
             re-rendered that turn's answer to other ids (link rule ``history``), ``{"turn_id",
             "changes", "next_state_at"}`` (:func:`clawrl.gateway.splice.describe_rewrite`),
             recorded as the turn's ``client.history_link``; else ``None``.
+        sampling_seed: the seed the call's session asks for
+            (:mod:`clawrl.gateway.seeding`; sessions named by path or header only).
     """
 
     messages: list[ChatMessage]
@@ -101,6 +104,7 @@ class PreparedCall:
     link: Link | None = None
     new_session: SessionRecord | None = None
     history_link: dict[str, Any] | None = None
+    sampling_seed: int | None = None
 
 
 def special_ids(tokenizer: Any) -> frozenset[int]:
@@ -231,8 +235,12 @@ def prepare_messages(
             "next_state_at": rewrite.next_state_at,
         }
     new_session: SessionRecord | None = None  # written with the call's first turn
+    sampling_seed = None
     if explicit is not None:
-        if store.get_session(explicit.session_id) is None:  # a read, not a write, when known
+        known = store.get_session(explicit.session_id)  # a read, not a write, when known
+        if known is not None:
+            sampling_seed = session_seed(known.metadata)
+        else:
             new_session = SessionRecord(explicit.session_id, explicit.source, time.time(),
                                         client=client_name)  # fmt: skip
         session_id, source, attribution = explicit.session_id, explicit.source, explicit.detail
@@ -261,4 +269,5 @@ def prepare_messages(
         link=link,
         new_session=new_session,
         history_link=history_link,
+        sampling_seed=sampling_seed,
     )

@@ -34,6 +34,7 @@ the store's ``judgments`` table. Evaluation reads the rollouts it ran back from 
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import math
 import time
@@ -91,6 +92,7 @@ class HarnessSettings:
         isolation: ``auto`` | ``bwrap`` | ``fallback``.
         options: options for every adapter (overriding the tasks' ``[harness]`` tables).
         model_name: the model name served and sent.
+        seed: the run's sampling seed (:func:`rollout_seed`); ``None``: unseeded.
     """
 
     harnesses: list[str]
@@ -99,6 +101,20 @@ class HarnessSettings:
     isolation: str = "auto"
     options: dict[str, Any] = field(default_factory=dict)
     model_name: str = "policy"
+    seed: int | None = 0
+
+
+def rollout_seed(
+    seed: int | None, purpose: RolloutPurpose, step: int | None, label: str, member: int
+) -> int | None:
+    """The sampling seed of the ``member``-th rollout (0, 1, ... in job order) of the group
+    ``label`` run for ``purpose`` at ``step``, in a run seeded ``seed`` (``None``: unseeded).
+    The gateway seeds each of the rollout's calls from it (:mod:`clawrl.gateway.seeding`), so
+    the same run samples the same answers; members of a group, groups and steps differ."""
+    if seed is None:
+        return None
+    key = f"{seed}:{purpose}:{step}:{label}:{member}".encode()
+    return int.from_bytes(hashlib.sha256(key).digest()[:8], "big") % 2**31
 
 
 class HarnessRunner:
@@ -179,17 +195,23 @@ class HarnessRunner:
             jobs, purpose=purpose, step=step, policy_version=policy_version
         )
 
-        def one(job: tuple[Task, Adapter, str]) -> Rollout:
+        members: Counter[str] = Counter()
+        seeds: list[int | None] = []
+        for *_, label in jobs:
+            seeds.append(rollout_seed(self.settings.seed, purpose, step, label, members[label]))
+            members[label] += 1
+
+        def one(job: tuple[Task, Adapter, str], seed: int | None) -> Rollout:
             task, adapter, label = job
             return run_rollout(
                 task, adapter, store=self.store, gateway=self.gateway,
                 model=self.settings.model_name, isolation=self.isolation,
                 group=group_ids[label], options=self.settings.options,
-                hidden=[str(BUILTIN_TASKS)],
+                hidden=[str(BUILTIN_TASKS)], sampling_seed=seed,
             )  # fmt: skip
 
         with ThreadPoolExecutor(max(1, self.settings.parallel)) as pool:
-            return list(pool.map(one, jobs))
+            return list(pool.map(one, jobs, seeds))
 
 
 def harness_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:

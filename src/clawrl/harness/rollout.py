@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clawrl.errors import HarnessError, VerifierError
+from clawrl.gateway.seeding import SESSION_SEED_KEY
 from clawrl.harness.adapters import Adapter, RolloutContext
 from clawrl.harness.sandbox import Isolation, RunResult, Sandbox
 from clawrl.harness.tasks import Task
@@ -99,12 +100,15 @@ def run_rollout(
     group: str,
     options: dict[str, Any] | None = None,
     hidden: list[str] | None = None,
+    sampling_seed: int | None = None,
 ) -> Rollout:
     """Run ``adapter`` on ``task`` once in a fresh sandbox, verify the result and record the
     rollout in ``store`` (durable when this returns).
 
     Args:
         group: the id of the rollout's group, recorded in ``store`` already.
+        sampling_seed: recorded in the rollout's session metadata, where the gateway seeds
+            each of its calls from it (:mod:`clawrl.gateway.seeding`); ``None``: unseeded.
 
     Never raises for a bad rollout: harness and verifier failures and time-outs are recorded
     with their status and reason.
@@ -122,7 +126,8 @@ def run_rollout(
         SessionSource.HARNESS,
         client=f"harness:{adapter.name}",
         metadata={"task": task.id, "harness": adapter.name, "group": group,
-                  "isolation": str(isolation)},
+                  "isolation": str(isolation),
+                  **({} if sampling_seed is None else {SESSION_SEED_KEY: sampling_seed})},
     )  # fmt: skip
     try:
         _run_and_verify(rollout, task, adapter, gateway, model, isolation, options, hidden)
