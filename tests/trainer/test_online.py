@@ -208,3 +208,40 @@ def test_samples_gone_stale_while_waiting_are_dropped_not_retried_forever(world)
     assert asyncio.run(learner.collect()) == 4
     m = asyncio.run(learner.step_if_ready())
     assert m is not None and all(store.get_sample(t).status == "trained" for t in fresh)
+
+
+def test_a_step_whose_writes_failed_is_finished_by_the_retry_not_trained_again(world, monkeypatch):
+    # a transient store error after the checkpoint (the samples rows): the online loop retries
+    # the step from the same samples; the learner finishes the commit instead of taking a second
+    # optimizer step, so v1 is published once and every turn is trained once, by step 1
+    from clawrl.errors import StoreError
+
+    policy, engine, store, tmp = world
+    turns = _record(policy, engine, store, 4, score=1)
+    learner = _learner(policy, engine, store, tmp, method="rl")
+    real = store.record_samples
+    calls = []
+
+    def flaky(records):
+        calls.append(len(records))
+        if len(calls) == 1:
+            raise StoreError("database is locked")
+        return real(records)
+
+    monkeypatch.setattr(store, "record_samples", flaky)
+    assert asyncio.run(learner.collect()) == 4
+    with pytest.raises(StoreError):
+        asyncio.run(learner.step_if_ready())
+    assert learner.trainer.step == 1 and store.latest_policy_version() is None
+    m = asyncio.run(learner.step_if_ready())
+    assert m is not None and m["policy/version"] == 1.0
+    assert learner.trainer.step == 1  # no second optimizer step
+    assert [v.version for v in store.policy_versions()] == [1]
+    assert all(store.get_sample(t).policy_version == 1 for t in turns)
+    # the next batch steps as usual
+    more = _record(policy, engine, store, 4, score=1)
+    for t in more:
+        store.update_turn(t, policy_version=1)
+    assert asyncio.run(learner.collect()) == 4
+    assert asyncio.run(learner.step_if_ready())["policy/version"] == 2.0
+    assert [v.version for v in store.policy_versions()] == [1, 2]

@@ -25,6 +25,9 @@ order:
 
 Every step is checkpointed: ``trainer.checkpoint_every`` other than 1 is refused here, the one
 place (a step not in a checkpoint would either lose its turns on a crash or train them twice).
+A step whose writes (3-7) failed part-way in a live process (a locked store, an engine refusing
+the version) is finished by the next :meth:`Learner.step` call: the writes not done yet are
+done then, none twice, and a retry with the same turn ids takes no second optimizer step.
 
 With several ranks (FSDP2), every rank calls :meth:`step` (steps 1, 3 and 4 are collective) and
 only the writer (rank 0) touches the store, the engines and the metrics.
@@ -37,6 +40,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from clawrl.config import TrainedMethod
@@ -60,6 +64,24 @@ def _report_publish(version: int, fut: concurrent.futures.Future[int]) -> None:
     if error is not None:
         log.error("policy v%d was not published to the engine: %s (the next step's version "
                   "replaces it)", version, error)  # fmt: skip
+
+
+@dataclass
+class _Commit:
+    """A step's commit (module docstring, 3-7) from its version on, and which of its writes
+    are done: a commit that failed part-way is finished, not redone (:meth:`Learner.step`)."""
+
+    version: int
+    weights: Any
+    turn_ids: list[str]
+    meta: dict[str, Any]
+    out: dict[str, float]
+    metrics_step: int | None
+    started: float | None
+    record: bool
+    checkpointed: bool = False
+    samples_recorded: bool = False
+    queued: set[int] = field(default_factory=set)
 
 
 class Learner:
@@ -112,6 +134,7 @@ class Learner:
         self.guard = guard if guard is not None else (lambda: None)
         self.on_publish = on_publish
         self.check_store = check_store
+        self._pending: _Commit | None = None
 
     @property
     def policy_version(self) -> int:
@@ -241,9 +264,16 @@ class Learner:
             source's).
 
         Raises:
-            TrainerError: the step failed (nothing was written), or the store holds a newer
-                version (:meth:`next_version`).
+            TrainerError: the step failed (nothing was written), or the store does not end at
+                the trainer's version (:meth:`next_version`).
+            StoreError: a write of the commit failed: the next call finishes it (with the same
+                ``turn_ids``, instead of training them again).
         """
+        if self._pending is not None:
+            same = self._pending.turn_ids == list(turn_ids)
+            finished = self._finish()
+            if same:  # the retry of a step whose commit failed part-way: it is done now
+                return finished
         t0 = time.perf_counter()
         trained = self.trainer.train_step(list(samples))
         return self.commit(turn_ids, meta=meta, metrics={**trained, **(metrics or {})},
@@ -269,24 +299,47 @@ class Learner:
             ``started``, a ``time.perf_counter()`` value, when given).
 
         Raises:
-            TrainerError: the store holds a newer version (:meth:`next_version`).
+            TrainerError: the store does not end at the trainer's version
+                (:meth:`next_version`).
+            StoreError: a write failed part-way (the next :meth:`step` finishes the commit).
         """
         version = self.next_version()
         weights = self.trainer.save_weights(version)
         self.trainer.policy_version = version
-        self.trainer.save_checkpoint({"turn_ids": list(turn_ids), **(meta or {})})
-        out = {**(metrics or {}), "policy/version": float(version)}
-        if not self.writer:
-            return out
-        assert self.store is not None
-        self.guard()
-        self.store.record_samples(trained_records(list(turn_ids), self.trainer.step, version))
-        self._publish(version, weights)
-        if started is not None:
-            out["time/step_total"] = time.perf_counter() - started
-        if record:
-            self.record(self.trainer.step if metrics_step is None else metrics_step, out)
-        return out
+        self._pending = _Commit(
+            version, weights, list(turn_ids), dict(meta or {}),
+            {**(metrics or {}), "policy/version": float(version)},
+            metrics_step, started, record,
+        )  # fmt: skip
+        return self._finish()
+
+    def _finish(self) -> dict[str, float]:
+        """The writes of the pending commit not done yet, in order (checkpoint, ``samples``
+        rows, each engine, ``policy_versions``, metrics); each is marked done as it succeeds,
+        so a commit that failed part-way is finished by the next call without redoing a write
+        (:meth:`step`)."""
+        c = self._pending
+        assert c is not None
+        if not c.checkpointed:
+            self.trainer.save_checkpoint({"turn_ids": c.turn_ids, **c.meta})
+            c.checkpointed = True
+        if self.writer:
+            assert self.store is not None
+            if not c.samples_recorded:
+                self.guard()
+                self.store.record_samples(trained_records(c.turn_ids, self.trainer.step, c.version))
+                c.samples_recorded = True
+            for i, engine in enumerate(self.engines):
+                if i not in c.queued:
+                    self._queue(engine, c.version, c.weights)
+                    c.queued.add(i)
+            self._record_version(c.version, c.weights)
+            if c.started is not None:
+                c.out["time/step_total"] = time.perf_counter() - c.started
+            if c.record:
+                self.record(self.trainer.step if c.metrics_step is None else c.metrics_step, c.out)
+        self._pending = None
+        return c.out
 
     def record(self, step: int, metrics: Mapping[str, float]) -> None:
         """Write one step's metrics row to the sinks (:class:`MetricsWriter`: JSONL,
@@ -305,14 +358,22 @@ class Learner:
         return dict(self.trainer.train_step(list(samples), method=method))
 
     def _publish(self, version: int, weights: Any, *, wait: bool = False) -> None:
-        """Record ``version`` in ``policy_versions`` and queue it on the engines."""
-        assert self.store is not None
+        """Queue ``version`` on the engines and record it in ``policy_versions``."""
         for engine in self.engines:
-            fut = engine.load_policy(version, weights)
-            if wait:
-                fut.result(timeout=600)
-            else:
-                fut.add_done_callback(functools.partial(_report_publish, version))
+            self._queue(engine, version, weights, wait=wait)
+        self._record_version(version, weights)
+
+    def _queue(self, engine: Engine, version: int, weights: Any, *, wait: bool = False) -> None:
+        """Queue ``version`` on ``engine`` (``wait``: until it serves it)."""
+        fut = engine.load_policy(version, weights)
+        if wait:
+            fut.result(timeout=600)
+        else:
+            fut.add_done_callback(functools.partial(_report_publish, version))
+
+    def _record_version(self, version: int, weights: Any) -> None:
+        """Record ``version`` in ``policy_versions`` (every gateway replica loads it there)."""
+        assert self.store is not None
         self.guard()
         record = published(
             version, weights, self.trainer.step, full=self.trainer.config.full_finetune
