@@ -120,6 +120,8 @@ def test_bwrap_caps_disk_and_tmp():
         # stopped near the budget, not at the host disk's end: checks come sooner as the tree
         # grows (20-70 MiB past a 20 MiB budget seen on 2 busy cores; 150-220 MiB before)
         assert used < 200 << 20
+        for p in box.work.iterdir():  # the budget counts what work/ holds: start it empty
+            p.unlink()
         tmp = box.run(
             ["sh", "-c", "head -c 30000000 /dev/zero > /tmp/big; echo rc=$?"],
             limits=Limits(time_s=60, disk_bytes=8 << 20, file_bytes=64 << 20),
@@ -203,15 +205,18 @@ def test_file_size_limit_applies(tmp_path, isolation, request):
 
 
 def test_disk_checks_come_sooner_as_the_tree_nears_its_budget():
-    limits = Limits(disk_bytes=100 << 20, disk_check_s=0.25)
-    # idle tree: the longest wait
-    assert sandbox_mod.next_disk_check(limits, used=1 << 20, rate=0.0, walk_s=0.001) == 0.25
-    # 600 MB/s with 80 MB left: half the time to the budget, at least the floor
-    wait = sandbox_mod.next_disk_check(limits, used=20 << 20, rate=600e6, walk_s=0.001)
-    assert sandbox_mod.DISK_CHECK_MIN_S <= wait < 0.25
-    assert wait == pytest.approx((80 << 20) / 600e6 / 2)
+    check = sandbox_mod.next_disk_check
+    far = Limits(disk_bytes=1 << 30, disk_check_s=0.25)
+    near = Limits(disk_bytes=20 << 20, disk_check_s=0.25)
+    # far from the budget and idle: the longest wait
+    assert check(far, used=1 << 20, rate=0.0, walk_s=0.001) == 0.25
+    # within reach of a fast writer, even before any growth is seen: close to the floor
+    first = check(near, used=0, rate=0.0, walk_s=0.001)
+    assert first == pytest.approx((20 << 20) / sandbox_mod.DISK_FAST_WRITER / 2)
+    assert sandbox_mod.DISK_CHECK_MIN_S <= first < 0.025
+    # a writer seen faster than the assumption: half its time to the budget, at least the floor
+    assert check(far, used=0, rate=4e9, walk_s=0.001) == pytest.approx((1 << 30) / 4e9 / 2)
     # past the budget: the floor, never zero
-    floor = sandbox_mod.next_disk_check(limits, used=200 << 20, rate=600e6, walk_s=0.0)
-    assert floor == sandbox_mod.DISK_CHECK_MIN_S
+    assert check(near, used=30 << 20, rate=1e9, walk_s=0.0) == sandbox_mod.DISK_CHECK_MIN_S
     # a slow walk (a big repository) is never repeated more than every four walks
-    assert sandbox_mod.next_disk_check(limits, used=99 << 20, rate=1e9, walk_s=0.05) == 0.2
+    assert check(near, used=19 << 20, rate=1e9, walk_s=0.1) == pytest.approx(0.4)
