@@ -70,6 +70,11 @@ def test_a_resumed_run_keeps_its_task_stream_and_may_change_the_rest(tmp_path):
         _check_same_run(tmp_path, {**run, "split": "heldout"})
     with pytest.raises(ConfigError, match="limit"):
         _check_same_run(tmp_path, {**run, "limit": 3})
+    # the rollouts' sampling seed is kept too (another --seed would sample other rollouts)
+    (tmp_path / "run.json").write_text(json.dumps({**run, "sampling_seed": 0}))
+    _check_same_run(tmp_path, {**run, "sampling_seed": 0})
+    with pytest.raises(ConfigError, match="sampling_seed: 0 -> 1"):
+        _check_same_run(tmp_path, {**run, "sampling_seed": 1})
 
 
 def test_a_run_recorded_before_the_harness_section_still_resumes(tmp_path):
@@ -87,5 +92,6 @@ def test_a_run_recorded_before_the_harness_section_still_resumes(tmp_path):
     now = {**old, "harness": "reference,mini-swe-agent", "match": None, "limit": None,
            "time_limit": None}  # fmt: skip
     _check_same_run(tmp_path, now)
+    _check_same_run(tmp_path, {**now, "sampling_seed": 0})  # recorded before seeded sampling
     with pytest.raises(ConfigError, match="harness"):
         _check_same_run(tmp_path, {**now, "harness": "reference"})

@@ -2,7 +2,8 @@
 resumes at the next step and the store records each version once.
 
 Tiny model, two tasks whose verifier gives a random reward in [0, 1] (every group has variance,
-so every step trains and publishes: only the bookkeeping is under test).
+so every step trains and publishes: only the bookkeeping is under test) and holds step 2's
+rollouts until the test has killed the run.
 """
 
 from __future__ import annotations
@@ -20,12 +21,24 @@ import pytest
 from clawrl.store import Store
 
 CLI = [sys.executable, "-c", "import sys; from clawrl.cli import main; sys.exit(main())"]
-VERIFY = (
-    "#!/usr/bin/env python3\nimport json, random\nprint(json.dumps({'reward': random.random()}))\n"
-)
+VERIFY = """#!/usr/bin/env python3
+import fcntl, json, os, random, time
+gate = {gate!r}
+# step 1's two rollouts pass; later ones wait while the gate file exists (the test kills the
+# run there, so step 2 never ends in the first process)
+with open(gate + ".count", "a+") as f:
+    fcntl.flock(f, fcntl.LOCK_EX)
+    f.seek(0)
+    n = len(f.read())
+    f.write("x")
+if n >= 2:
+    while os.path.exists(gate):
+        time.sleep(0.05)
+print(json.dumps({{"reward": random.random()}}))
+"""
 
 
-def _suite(root: Path) -> Path:
+def _suite(root: Path, gate: Path) -> Path:
     for i in range(2):
         task = root / f"noise-{i}"
         task.mkdir(parents=True)
@@ -33,7 +46,7 @@ def _suite(root: Path) -> Path:
             f'id = "noise-{i}"\ninstruction = "Say anything."\ntime_limit_s = 60\n'
             'split = "train"\n\n[harness]\nmax_steps = 1\n'
         )
-        (task / "verify").write_text(VERIFY)
+        (task / "verify").write_text(VERIFY.format(gate=str(gate)))
         (task / "verify").chmod(0o755)
     return root
 
@@ -46,7 +59,9 @@ def _cmd(tasks: Path, out: Path) -> list[str]:
 
 @pytest.mark.timeout(600)
 def test_sigkill_mid_run_then_the_same_command_resumes_at_the_next_step(tmp_path):
-    tasks, out = _suite(tmp_path / "tasks"), tmp_path / "run"
+    gate = tmp_path / "gate"
+    gate.touch()
+    tasks, out = _suite(tmp_path / "tasks", gate), tmp_path / "run"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
     proc = subprocess.Popen(_cmd(tasks, out), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=env)  # fmt: skip
@@ -58,6 +73,7 @@ def test_sigkill_mid_run_then_the_same_command_resumes_at_the_next_step(tmp_path
             proc.send_signal(signal.SIGKILL)  # step 2's rollouts are running
             break
     proc.wait(timeout=60)
+    gate.unlink()  # step 2's orphaned verifiers end; the rerun's pass
     assert proc.returncode == -signal.SIGKILL, "".join(seen)
     with Store(out / "store.db", read_only=True) as store:
         assert [v.version for v in store.policy_versions()] == [1]

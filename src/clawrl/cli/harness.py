@@ -366,6 +366,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         "tasks_per_step": hc.tasks_per_step, "group_size": hc.group_size,
         "trainer": cfg.trainer.model_dump(mode="json"),
         "harness_settings": hc.model_dump(mode="json"),
+        "sampling_seed": hc.sampling_seed(cfg.trainer.seed),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }  # fmt: skip
     if resuming:
@@ -434,10 +435,12 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 _RESUME_SAME = ("model", "harness", "tasks", "split", "match", "limit", "time_limit",
-                "tasks_per_step", "group_size")  # fmt: skip
+                "tasks_per_step", "group_size", "sampling_seed")  # fmt: skip
 """``run.json`` fields a resumed run must keep: they decide which tasks each step trains and
-how (more ``--steps``, a warm start's flags, or trainer settings such as ``--kl-beta`` or the
-micro-batch size may change; ``run.json`` keeps the first run's)."""
+how they are sampled (more ``--steps``, a warm start's flags, or trainer settings such as
+``--kl-beta`` or the micro-batch size may change; ``run.json`` keeps the first run's). A field
+that a run started before it existed did not record is not compared (``sampling_seed``: runs
+before seeded sampling)."""
 
 
 def _kl_beta(cfg: Config) -> float:
@@ -486,7 +489,11 @@ def _check_same_run(out: Path, run: dict[str, Any]) -> None:
         raise ConfigError(f"{out} has checkpoints but no run.json: not a clawrl harness run")
     before = json.loads(path.read_text())
     now = json.loads(json.dumps(run, default=str))
-    differ = [k for k in _RESUME_SAME if _same_form(k, before.get(k)) != _same_form(k, now.get(k))]
+    differ = [
+        k for k in _RESUME_SAME
+        if (k in before or k != "sampling_seed")
+        and _same_form(k, before.get(k)) != _same_form(k, now.get(k))
+    ]  # fmt: skip
     if differ:
         shown = "; ".join(f"{k}: {before.get(k)!r} -> {now[k]!r}" for k in differ)
         raise ConfigError(

@@ -308,7 +308,9 @@ async def start_call(gw: GatewayState, request: Request, req: CallRequest) -> Ca
         prepared=prepared, client=client, sampling=sampling, created_at=created,
         started=started, protocol=req.protocol,
     )  # fmt: skip
-    params = seeded_params(req.params, prepared.sampling_seed, prepared.prompt_ids, retries)
+    params = seeded_params(
+        req.params, prepared.sampling_seed, prepared.prompt_ids, prepared.sampling_attempt
+    )
     call = Call(ctx, [ChoiceResult(index=i, params=p) for i, p in enumerate(params)])
     if len(prepared.prompt_ids) >= gw.engine.max_context:
         exc = ContextLengthError(len(prepared.prompt_ids), gw.engine.max_context)

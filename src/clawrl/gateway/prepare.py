@@ -83,8 +83,10 @@ class PreparedCall:
             re-rendered that turn's answer to other ids (link rule ``history``), ``{"turn_id",
             "changes", "next_state_at"}`` (:func:`clawrl.gateway.splice.describe_rewrite`),
             recorded as the turn's ``client.history_link``; else ``None``.
-        sampling_seed: the seed the call's session asks for
-            (:mod:`clawrl.gateway.seeding`; sessions named by path or header only).
+        sampling_seed: the seed the call's session asks for (:mod:`clawrl.gateway.seeding`;
+            sessions the call names: path, header or body, never inferred ones).
+        sampling_attempt: with a seed, how many of the session's turns were sampled from
+            ``prompt_ids`` before.
     """
 
     messages: list[ChatMessage]
@@ -105,6 +107,11 @@ class PreparedCall:
     new_session: SessionRecord | None = None
     history_link: dict[str, Any] | None = None
     sampling_seed: int | None = None
+    sampling_attempt: int = 0
+
+
+_MAX_ATTEMPTS = 1000
+"""Earlier turns with the same prompt counted for a seeded call's attempt number."""
 
 
 def special_ids(tokenizer: Any) -> frozenset[int]:
@@ -235,11 +242,16 @@ def prepare_messages(
             "next_state_at": rewrite.next_state_at,
         }
     new_session: SessionRecord | None = None  # written with the call's first turn
-    sampling_seed = None
+    sampling_seed, sampling_attempt = None, 0
     if explicit is not None:
         known = store.get_session(explicit.session_id)  # a read, not a write, when known
         if known is not None:
             sampling_seed = session_seed(known.metadata)
+            if sampling_seed is not None:
+                earlier = store.find_turns_by_prompt(
+                    prompt_ids, session_id=known.id, limit=_MAX_ATTEMPTS
+                )
+                sampling_attempt = len(earlier)
         else:
             new_session = SessionRecord(explicit.session_id, explicit.source, time.time(),
                                         client=client_name)  # fmt: skip
@@ -270,4 +282,5 @@ def prepare_messages(
         new_session=new_session,
         history_link=history_link,
         sampling_seed=sampling_seed,
+        sampling_attempt=sampling_attempt,
     )
