@@ -63,6 +63,8 @@ def test_two_training_steps_through_the_reference_harness(tmp_path, tiny):
     with Store(tmp_path / "s.db") as store:
         app = create_app(engine, tiny.tokenizer, store, model_name="policy")
         runner = HarnessRunner(app, store, settings)
+        calls: list[tuple[bool, int, int]] = []
+        runner.on_rollout = lambda r, done, total: calls.append((r is None, done, total))
         try:
             ended: list[int] = []
             learner = Learner(trainer, store, engines=[engine])
@@ -71,6 +73,8 @@ def test_two_training_steps_through_the_reference_harness(tmp_path, tiny):
         finally:
             runner.close()
         assert ended == [1, 2]  # each step reported as it ends (the CLI prints a line)
+        # each batch announced, then each rollout as it ends (the CLI's progress lines)
+        assert calls == [(True, 0, 2), (False, 1, 2), (False, 2, 2)] * 2
         assert [m["policy/version"] for m in history] == [1.0, 2.0]
         assert engine.policy_version == 2
         # the one learner records what every mode records: versions, samples rows, checkpoints

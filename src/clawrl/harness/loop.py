@@ -37,6 +37,7 @@ import functools
 import hashlib
 import logging
 import math
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -128,6 +129,9 @@ class HarnessRunner:
 
     Attributes:
         run_id: this run's id (``rollout_groups.run_id`` of every group it runs).
+        on_rollout: called with (``None``, 0, rollouts in the batch) as :meth:`run` starts,
+            then with (the rollout, rollouts ended, rollouts in the batch) as each ends, from
+            the thread that ran it, one call at a time (the CLI prints progress with it).
     """
 
     def __init__(self, app: FastAPI, store: Store, settings: HarnessSettings) -> None:
@@ -135,6 +139,8 @@ class HarnessRunner:
 
         self.store, self.settings = store, settings
         self.run_id = new_id()
+        self.on_rollout: Callable[[Rollout | None, int, int], None] | None = None
+        self._ended_lock = threading.Lock()
         self.adapters: list[Adapter] = [get_adapter(h) for h in settings.harnesses]
         self.isolation: Isolation = choose_isolation(settings.isolation)
         self.server = LiveServer(app).start()
@@ -201,14 +207,23 @@ class HarnessRunner:
             seeds.append(rollout_seed(self.settings.seed, purpose, step, label, members[label]))
             members[label] += 1
 
+        ended = [0]
+        if self.on_rollout is not None:
+            self.on_rollout(None, 0, len(jobs))
+
         def one(job: tuple[Task, Adapter, str], seed: int | None) -> Rollout:
             task, adapter, label = job
-            return run_rollout(
+            rollout = run_rollout(
                 task, adapter, store=self.store, gateway=self.gateway,
                 model=self.settings.model_name, isolation=self.isolation,
                 group=group_ids[label], options=self.settings.options,
                 hidden=[str(BUILTIN_TASKS)], sampling_seed=seed,
             )  # fmt: skip
+            if self.on_rollout is not None:
+                with self._ended_lock:
+                    ended[0] += 1
+                    self.on_rollout(rollout, ended[0], len(jobs))
+            return rollout
 
         with ThreadPoolExecutor(max(1, self.settings.parallel)) as pool:
             return list(pool.map(one, jobs, seeds))
