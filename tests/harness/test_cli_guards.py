@@ -73,7 +73,7 @@ def test_a_resumed_run_keeps_its_task_stream_and_may_change_the_rest(tmp_path):
     # the rollouts' sampling seed is kept too (another --seed would sample other rollouts)
     (tmp_path / "run.json").write_text(json.dumps({**run, "sampling_seed": 0}))
     _check_same_run(tmp_path, {**run, "sampling_seed": 0})
-    with pytest.raises(ConfigError, match="sampling_seed: 0 -> 1"):
+    with pytest.raises(ConfigError, match=r"sampling_seed \(--seed .*\): 0 -> 1"):
         _check_same_run(tmp_path, {**run, "sampling_seed": 1})
 
 

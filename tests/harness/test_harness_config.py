@@ -26,8 +26,15 @@ def test_the_section_validates_and_names_the_bad_setting():
         load_config(None, ["harness.group_size=0"])
     with pytest.raises(ConfigError, match=r"harness\.isolation"):
         load_config(None, ['harness.isolation="docker"'])
-    with pytest.raises(ConfigError, match=r"harness\.nope"):
+    with pytest.raises(ConfigError, match=r"harness\.nope: .*\(the keys of harness: .*group_size"):
         load_config(None, ["harness.nope=1"])
+    # a near miss names the key meant
+    with pytest.raises(ConfigError, match=r"did you mean harness\.harnesses\?"):
+        load_config(None, ['harness.harness="reference"'])
+    with pytest.raises(ConfigError, match=r"did you mean harness\.time_limit_s\?"):
+        load_config(None, ["harness.time_limit=60"])
+    with pytest.raises(ConfigError, match=r"did you mean trainer\.lr\?"):
+        load_config(None, ["trainer.lrr=1"])
     # the rollouts' sampling seed: the trainer's unless set, none when turned off
     assert load_config(None, ["trainer.seed=3"]).harness.sampling_seed(3) == 3
     assert HarnessConfig(seed=5).sampling_seed(3) == 5
@@ -98,3 +105,17 @@ def test_eval_through_a_real_vllm_server(vllm_server, tmp_path, capsys):
     with Store(tmp_path / "e" / "store.db", read_only=True) as store:
         turns = [t for sid in store.session_ids() for t in store.session_turns(sid)]
     assert turns and all(t.policy_version == 0 and t.sampling_logprobs for t in turns)
+
+
+def test_the_example_config_names_every_harness_key_at_its_default():
+    from pathlib import Path
+
+    from clawrl.config import Config
+
+    path = Path(__file__).parents[2] / "examples" / "harness.toml"
+    text = path.read_text()
+    missing = [k for k in HarnessConfig.model_fields if f"{k} =" not in text]
+    assert missing == [], f"examples/harness.toml does not show {missing}"
+    cfg, default = load_config(path, []), Config()
+    assert cfg.harness == default.harness and cfg.model == default.model
+    assert cfg.trainer == default.trainer and cfg.metrics == default.metrics

@@ -34,11 +34,11 @@ with open(gate + ".count", "a+") as f:
 if n >= 2:
     while os.path.exists(gate):
         time.sleep(0.05)
-print(json.dumps({{"reward": random.random()}}))
+print(json.dumps({{"reward": {reward}}}))
 """
 
 
-def _suite(root: Path, gate: Path) -> Path:
+def _suite(root: Path, gate: Path, reward: str = "random.random()") -> Path:
     for i in range(2):
         task = root / f"noise-{i}"
         task.mkdir(parents=True)
@@ -46,7 +46,7 @@ def _suite(root: Path, gate: Path) -> Path:
             f'id = "noise-{i}"\ninstruction = "Say anything."\ntime_limit_s = 60\n'
             'split = "train"\n\n[harness]\nmax_steps = 1\n'
         )
-        (task / "verify").write_text(VERIFY.format(gate=str(gate)))
+        (task / "verify").write_text(VERIFY.format(gate=str(gate), reward=reward))
         (task / "verify").chmod(0o755)
     return root
 
@@ -100,3 +100,37 @@ def test_sigkill_mid_run_then_the_same_command_resumes_at_the_next_step(tmp_path
     assert sorted({v for _, v in trained}) == [1, 2, 3]
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert sorted(int(r["step"]) for r in rows) == [1, 2, 3]
+
+
+@pytest.mark.timeout(600)
+def test_steps_without_signal_are_not_run_again_after_a_kill(tmp_path):
+    # every reward 0: no step trains, publishes or checkpoints; the progress record still
+    # says which steps ended, so the rerun goes on at step 2 (and checks its settings)
+    gate = tmp_path / "gate"
+    gate.touch()
+    tasks, out = _suite(tmp_path / "tasks", gate, reward="0.0"), tmp_path / "run"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+    proc = subprocess.Popen(_cmd(tasks, out), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=env)  # fmt: skip
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("step 1/3"):
+            proc.send_signal(signal.SIGKILL)
+            break
+    proc.wait(timeout=60)
+    gate.unlink()
+    again = subprocess.run(_cmd(tasks, out), capture_output=True, text=True, env=env, timeout=500)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "resuming" in again.stdout and "after step 1 (policy v0)" in again.stdout
+    steps = [x.split(":")[0] for x in again.stdout.splitlines() if x.startswith("step ")]
+    assert steps == ["step 2/3", "step 3/3"]
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert sorted(int(r["step"]) for r in rows) == [1, 2, 3]
+    # run again: nothing left to do; with other settings: refused, the run is kept
+    done = subprocess.run(_cmd(tasks, out), capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0 and "all 3 steps are done" in done.stdout, done.stdout
+    other = [*_cmd(tasks, out), "--group-size", "3"]
+    refused = subprocess.run(other, capture_output=True, text=True, env=env, timeout=300)
+    assert refused.returncode != 0 and "group_size (--group-size): 2 -> 3" in refused.stderr, (
+        refused.stderr
+    )

@@ -190,9 +190,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, help="use only the first N tasks (by id, after --match)")
     p.add_argument("--time-limit", type=float, help="override every task's time limit (s)")
     p.add_argument("--seed", type=int,
-                   help="the run's seed (trainer.seed, 0): the LoRA init, the shuffles and every "
-                   "rollout's sampling (harness.seed sets the sampling's alone, "
-                   "harness.seeded=false turns it off)")  # fmt: skip
+                   help="the run's seed (trainer.seed, 0): every rollout's sampling, and for "
+                   "train the LoRA init and the warm start's shuffle (harness.seed sets the "
+                   "sampling's alone, harness.seeded=false turns it off)")  # fmt: skip
     add_config_options(p)
     add_engine_options(p)
 
@@ -352,7 +352,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             publishes LoRA adapters as ``policies/vN``).
     """
     from clawrl.engine.threads import call_in_transient_thread
-    from clawrl.harness.loop import HarnessRunner, resume_point, train
+    from clawrl.harness.loop import HarnessRunner, read_progress, resume_point, train
     from clawrl.runtime import build_runtime
 
     if args.steps is not None and args.steps < 0:
@@ -365,9 +365,15 @@ def cmd_train(args: argparse.Namespace) -> int:
                           "--steps 0 for the warm start alone)")  # fmt: skip
     if not hc.warm_start and (args.warm_start_epochs or args.warm_start_per_task):
         raise ConfigError("--warm-start-epochs and --warm-start-per-task need --warm-start SRC")
+    if hc.group_size < 2:
+        raise ConfigError(
+            f"--group-size {hc.group_size} (harness.group_size): GRPO learns from the "
+            "differences between rollouts of one task, so a group of one never trains; give 2 "
+            "or more"
+        )
     tasks = _tasks(hc, split)
     out = Path(args.out)
-    resuming = any((out / "checkpoints").glob("step-*"))
+    resuming = any((out / "checkpoints").glob("step-*")) or read_progress(out) is not None
     if not resuming and (stale := _published(out)) and _recorded_versions(out):
         raise ConfigError(
             f"{out} already holds policy versions ({', '.join(stale[:5])}...) and no "
@@ -410,13 +416,18 @@ def cmd_train(args: argparse.Namespace) -> int:
     assert runtime.learner is not None
     try:
         # restores the checkpoint and serves its version (clawrl.engine.threads)
-        start = resume_point(call_in_transient_thread(runtime.learner.resume))
+        meta = call_in_transient_thread(runtime.learner.resume)
     except BaseException:
         runtime.close()
         raise
+    start = resume_point(meta, read_progress(out), runtime.trainer.policy_version)
     if resuming:
         print(f"resuming {out} after step {start.step} (policy v{runtime.trainer.policy_version})",
               flush=True)  # fmt: skip
+    if start.step >= hc.steps and hc.steps > 0:
+        runtime.close()
+        print(f"{out}: all {hc.steps} steps are done (give more --steps to continue)", flush=True)
+        return 0
     settings = _settings(cfg, policy.name, group_size=hc.group_size)
     runner = HarnessRunner(runtime.app, runtime.store, settings)
     runner.on_rollout = RolloutProgress(sys.stdout)
@@ -451,6 +462,10 @@ def cmd_train(args: argparse.Namespace) -> int:
             tasks_per_step=hc.tasks_per_step, judge=judge,
             judge_timeout_s=cfg.judge.timeout_s + 30.0, on_step=step_line, start=start,
         )  # fmt: skip
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: the same command again resumes {out} after the last step that "
+              "ended", file=sys.stderr, flush=True)  # fmt: skip
+        raise
     finally:
         runner.close()
         runtime.close()
@@ -470,6 +485,12 @@ how they are sampled (more ``--steps``, a warm start's flags, or trainer setting
 ``--kl-beta`` or the micro-batch size may change; ``run.json`` keeps the first run's). A field
 that a run started before it existed did not record is not compared (``sampling_seed``: runs
 before seeded sampling)."""
+
+
+_FLAG_OF = {"sampling_seed": " (--seed / trainer.seed, or harness.seed)",
+            "group_size": " (--group-size)", "tasks_per_step": " (--tasks-per-step)",
+            "time_limit": " (--time-limit)"}  # fmt: skip
+"""How a user sets a ``run.json`` field whose name is not its flag's (resume refusals)."""
 
 
 def _kl_beta(cfg: Config) -> float:
@@ -524,7 +545,9 @@ def _check_same_run(out: Path, run: dict[str, Any]) -> None:
         and _same_form(k, before.get(k)) != _same_form(k, now.get(k))
     ]  # fmt: skip
     if differ:
-        shown = "; ".join(f"{k}: {before.get(k)!r} -> {now[k]!r}" for k in differ)
+        shown = "; ".join(
+            f"{k}{_FLAG_OF.get(k, '')}: {before.get(k)!r} -> {now[k]!r}" for k in differ
+        )
         raise ConfigError(
             f"{out} holds a run started with other settings ({shown}): resuming it with these "
             "would train other tasks or another way; give the same flags, or a new --out"

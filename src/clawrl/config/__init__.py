@@ -18,6 +18,7 @@ Example TOML::
 
 from __future__ import annotations
 
+import difflib
 import json
 import tomllib
 from pathlib import Path
@@ -401,9 +402,29 @@ def error_lines(error: ValidationError) -> list[str]:
             if i < len(loc) and loc[i] in METHOD_KINDS:
                 loc = loc[:i] + loc[i + 1 :]
         line = f"  {'.'.join(str(x) for x in loc)}: {err['msg']}"
+        if err["type"] == "extra_forbidden":
+            line += _known_keys_hint(loc)
         if line not in lines:
             lines.append(line)
     return lines
+
+
+def _known_keys_hint(loc: tuple[Any, ...]) -> str:
+    """For an unknown key at ``loc``: the closest known key of its section, or the section's
+    keys (``""`` where the section is not a plain settings model, e.g. a method union)."""
+    model: Any = Config
+    for part in loc[:-1]:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        if field is None or not (isinstance(field.annotation, type)
+                                 and issubclass(field.annotation, BaseModel)):  # fmt: skip
+            return ""
+        model = field.annotation
+    names = sorted(model.model_fields)
+    prefix = ".".join(str(x) for x in loc[:-1])
+    close = difflib.get_close_matches(str(loc[-1]).replace("-", "_"), names, n=1, cutoff=0.6)
+    if close:
+        return f" (did you mean {prefix + '.' if prefix else ''}{close[0]}?)"
+    return f" (the keys of {prefix or 'the file'}: {', '.join(names)})"
 
 
 def _toml_value(value: Any) -> str:

@@ -74,7 +74,8 @@ class HarnessConfig(BaseModel):
         None,
         ge=0,
         description="The rollouts' sampling seed; None: the trainer's seed (trainer.seed, the "
-        "--seed flag), so one seed decides the LoRA init, the shuffles and the sampling.",
+        "--seed flag), so one seed decides the LoRA init, the warm start's shuffle and the "
+        "sampling.",
     )
     warm_start: str | None = Field(
         None,

@@ -35,14 +35,17 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import logging
 import math
+import os
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
@@ -292,12 +295,50 @@ class ResumePoint:
     cursor: int = 0
 
 
-def resume_point(meta: dict[str, Any] | None) -> ResumePoint:
-    """The point after the checkpoint whose ``meta`` a learner restored (``None``: the start).
-    A checkpoint the warm start wrote (no ``harness_step``) is the start of the RL steps."""
-    if meta is None or "harness_step" not in meta:
-        return ResumePoint()
-    return ResumePoint(int(meta["harness_step"]), int(meta["harness_cursor"]))
+PROGRESS_FILE = "harness_progress.json"
+"""In the trainer's output directory: the last harness step that ended, trained or not
+(``{"harness_step", "harness_cursor", "policy_version"}``), so that steps without signal, which
+publish no version and so write no checkpoint, are not run again on a resume."""
+
+
+def write_progress(out_dir: str | Path, point: ResumePoint, policy_version: int) -> None:
+    """Record that the steps up to ``point`` ended, on ``policy_version`` (atomic: a crash
+    leaves the previous record or this one)."""
+    path = Path(out_dir) / PROGRESS_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"harness_step": point.step, "harness_cursor": point.cursor,
+                               "policy_version": policy_version}))  # fmt: skip
+    os.replace(tmp, path)
+
+
+def read_progress(out_dir: str | Path) -> dict[str, int] | None:
+    """The record :func:`write_progress` left in ``out_dir`` (``None``: none)."""
+    path = Path(out_dir) / PROGRESS_FILE
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    return {k: int(data[k]) for k in ("harness_step", "harness_cursor", "policy_version")}
+
+
+def resume_point(
+    meta: dict[str, Any] | None,
+    progress: dict[str, int] | None = None,
+    policy_version: int = 0,
+) -> ResumePoint:
+    """The point after the checkpoint whose ``meta`` a learner restored (``None``: the start),
+    or after the later steps that trained nothing: ``progress`` (:func:`read_progress`) when it
+    is further on the same ``policy_version`` the learner restored. A checkpoint the warm start
+    wrote (no ``harness_step``) is the start of the RL steps."""
+    point = ResumePoint()
+    if meta is not None and "harness_step" in meta:
+        point = ResumePoint(int(meta["harness_step"]), int(meta["harness_cursor"]))
+    if (
+        progress is not None
+        and progress["policy_version"] == policy_version
+        and progress["harness_step"] > point.step
+    ):
+        point = ResumePoint(progress["harness_step"], progress["harness_cursor"])
+    return point
 
 
 def train(
@@ -436,6 +477,9 @@ def _train_steps(
             metrics["step/skipped_no_signal"] = 1.0
             metrics["policy/version"] = float(learner.policy_version)
         metrics["time/harness_step"] = time.perf_counter() - t0
+        if learner.writer:  # before the row: a step that ended is never run again
+            write_progress(learner.trainer.output_dir, ResumePoint(step + 1, cursor),
+                           learner.policy_version)  # fmt: skip
         learner.record(step + 1, metrics)  # the step's row, once (the learner's sinks)
         log.info("harness step %d: %s", step + 1, metrics)
         history.append(metrics)
