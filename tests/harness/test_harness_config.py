@@ -59,7 +59,7 @@ def test_eval_takes_its_settings_from_config_and_set_and_flags_override(tmp_path
     [row] = _eval_rows(capsys)
     # --set overrides the file's k, the --limit flag its limit; the rest is the file's
     assert len(row["counts"]) == 2 and all(n == 1 for n, _ in row["counts"].values())
-    assert row["version"] == 0 and row["harness"] == "reference"
+    assert row["version"] == 0 and row["harness"] == "reference" and row["sampling_seed"] == 0
     with Store(tmp_path / "a" / "store.db", read_only=True) as store:
         assert store.latest_policy_version() is None  # eval trains and publishes nothing
 
@@ -75,6 +75,11 @@ def test_eval_and_train_refuse_bad_settings_naming_them(tmp_path, capsys):
     assert "harness.k" in capsys.readouterr().err
     assert main(["harness", "train", "--model", "tiny", "--set", 'harness.match="("', *out]) == 1
     assert "harness.match" in capsys.readouterr().err
+    missing = str(tmp_path / "no-such-suite")
+    assert main(["harness", "eval", "--model", "tiny", "--tasks", missing, *out]) == 1
+    assert "no such directory" in capsys.readouterr().err
+    assert main(["harness", "train", "--model", "tiny", "--group-size", "1", *out]) == 1
+    assert "a group of one never trains" in capsys.readouterr().err
     # the engine flags reach engine.* (the tests' random model has no directory to launch vLLM on)
     assert main(["harness", "eval", "--model", "tiny", "--engine", "vllm", *out]) != 0
     assert "launching vLLM needs a model directory" in capsys.readouterr().err

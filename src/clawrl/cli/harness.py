@@ -779,12 +779,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(json.dumps([
             {**{k: None if isinstance(v, float) and math.isnan(v) else v
                 for k, v in dataclasses.asdict(r).items() if k != "counts"},
-             "counts": {c.task_id: [c.n, c.c] for c in r.counts}, "version": version}
+             "counts": {c.task_id: [c.n, c.c] for c in r.counts}, "version": version,
+             "sampling_seed": hc.sampling_seed(cfg.trainer.seed)}
             for version, rows in runs for r in rows
         ], allow_nan=False))  # fmt: skip
     else:
         print(format_eval(runs))
-        print(f"isolation: {runner.isolation}; tasks: {len(tasks)} ({split}); rollouts: "
+        print(f"isolation: {runner.isolation}; sampling seed: "
+              f"{hc.sampling_seed(cfg.trainer.seed)}; tasks: {len(tasks)} ({split}); rollouts: "
               f"{out / 'store.db'} (run {runner.run_id})")  # fmt: skip
     return 0
 

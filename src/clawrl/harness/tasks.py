@@ -110,6 +110,11 @@ def load_tasks(root: str | Path, *, split: str | None = None) -> list[Task]:
         ConfigError: a task is invalid, two tasks share an id, or nothing was found.
     """
     root = resolve_tasks_dir(root)
+    if not root.is_dir():
+        raise ConfigError(
+            f"--tasks {root}: no such directory (give a task suite directory, whose task folders "
+            "hold task.toml and an executable verify, or 'builtin')"
+        )
     folders = (
         [root]
         if (root / "task.toml").is_file()
