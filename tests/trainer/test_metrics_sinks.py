@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 import pytest
 
@@ -20,9 +21,16 @@ def _quiet_wandb(monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
 
 
-def _run_bytes(directory) -> bytes:
-    [run] = (directory / "wandb").glob("offline-run-*/run-*.wandb")
-    return run.read_bytes()
+def _run_bytes(directory, *markers: bytes, timeout_s: float = 60.0) -> bytes:
+    """The offline run's log once it holds every marker: wandb's service may still be writing
+    it after ``finish()`` returned (seen on a first run in a fresh home directory)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        [run] = sorted((directory / "wandb").glob("offline-run-*/run-*.wandb"))[:1]
+        data = run.read_bytes()
+        if all(m in data for m in markers) or time.monotonic() > deadline:
+            return data
+        time.sleep(0.2)
 
 
 def test_jsonl_tensorboard_and_an_offline_wandb_run(tmp_path):
@@ -40,10 +48,17 @@ def test_jsonl_tensorboard_and_an_offline_wandb_run(tmp_path):
     assert [r["step"] for r in rows] == [1, 2] and rows[0]["grad/norm"] is None
     assert rows[1]["loss"] == 0.25
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
-    data = _run_bytes(tmp_path)
     # the project, the run name, the config (trainer.lr) and every metric name are recorded
-    for marker in (b"p-clawrl", b"run-marker", b"0.000123", b"reward/mean", b"grad/norm"):
+    markers = (b"p-clawrl", b"run-marker", b"0.000123", b"reward/mean", b"grad/norm")
+    data = _run_bytes(tmp_path, *markers)
+    for marker in markers:
         assert marker in data, marker
+    # a resumed run (a new writer on the same directory) logs into the same W&B run
+    first_id = (tmp_path / "wandb_run_id").read_text()
+    again = MetricsWriter.from_config(tmp_path, cfg)
+    assert again.wandb_run is not None and again.wandb_run.id == first_id
+    again.write(3, {"loss": 0.125})
+    again.close()
 
 
 def test_sinks_off_write_jsonl_only(tmp_path):
@@ -75,6 +90,6 @@ def test_harness_train_logs_each_step_once_to_every_sink(tmp_path, capsys):
     rows = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]  # one row per harness step, trained or not
     assert all("rollout/reward_mean" in r and "policy/version" in r for r in rows)
-    data = _run_bytes(out)
+    data = _run_bytes(out, b"rollout/reward_mean", b"group/skipped_zero_variance")
     assert b"rollout/reward_mean" in data and b"group/skipped_zero_variance" in data
     assert json.loads((out / "run.json").read_text())["harness_settings"]["group_size"] == 2

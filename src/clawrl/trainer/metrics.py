@@ -104,6 +104,10 @@ class MetricsWriter:
             run.finish()
 
 
+WANDB_ID_FILE = "wandb_run_id"
+"""In a training run's directory: its W&B run id, so that a resumed run logs into that run."""
+
+
 def _start_wandb(directory: Path, mc: MetricsConfig, run_config: dict[str, Any]) -> Any:
     """A W&B run for the training run writing into ``directory``.
 
@@ -117,14 +121,19 @@ def _start_wandb(directory: Path, mc: MetricsConfig, run_config: dict[str, Any])
             "metrics.wandb needs the wandb package: pip install 'clawrl[wandb]' (or wandb), "
             "or set metrics.wandb = false"
         ) from e
+    # a training run resumed into the same directory goes on in the same W&B run
+    id_file = directory / WANDB_ID_FILE
+    run_id = id_file.read_text().strip() if id_file.is_file() else None
     try:
-        return wandb.init(
+        run = wandb.init(
             project=mc.wandb_project,
             entity=mc.wandb_entity,
             name=mc.wandb_run_name or directory.resolve().name,
             config=run_config,
             dir=str(directory),
             mode=mc.wandb_mode,
+            id=run_id,
+            resume="allow" if run_id else None,
             reinit="create_new",  # the demo's parallel runs each log a run of their own
         )
     except Exception as e:  # wandb raises its own errors (not logged in, no network, ...)
@@ -132,6 +141,9 @@ def _start_wandb(directory: Path, mc: MetricsConfig, run_config: dict[str, Any])
             f"W&B could not start a run ({type(e).__name__}: {e}); log in with `wandb login`, "
             'or set metrics.wandb_mode = "offline" (upload later with `wandb sync`)'
         ) from e
+    if run_id is None:
+        id_file.write_text(run.id)
+    return run
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
