@@ -210,15 +210,21 @@ def test_samples_gone_stale_while_waiting_are_dropped_not_retried_forever(world)
     assert m is not None and all(store.get_sample(t).status == "trained" for t in fresh)
 
 
-def test_a_step_whose_writes_failed_is_finished_by_the_retry_not_trained_again(world, monkeypatch):
-    # a transient store error after the checkpoint (the samples rows): the online loop retries
-    # the step from the same samples; the learner finishes the commit instead of taking a second
-    # optimizer step, so v1 is published once and every turn is trained once, by step 1
+@pytest.mark.parametrize("max_staleness", [4, 0])
+def test_a_step_whose_writes_failed_is_finished_by_the_retry_not_trained_again(
+    world, monkeypatch, max_staleness
+):
+    # a transient store error after the checkpoint (the samples rows): the online loop retries;
+    # the learner finishes that step first (before evicting stale samples or choosing another
+    # batch, even with more samples ready meanwhile) instead of taking a second optimizer step,
+    # so v1 is published once and every turn of it is trained once, by step 1
     from clawrl.errors import StoreError
 
     policy, engine, store, tmp = world
     turns = _record(policy, engine, store, 4, score=1)
     learner = _learner(policy, engine, store, tmp, method="rl")
+    learner.config.max_staleness = max_staleness
+    learner.fixed_order = True
     real = store.record_samples
     calls = []
 
@@ -233,15 +239,20 @@ def test_a_step_whose_writes_failed_is_finished_by_the_retry_not_trained_again(w
     with pytest.raises(StoreError):
         asyncio.run(learner.step_if_ready())
     assert learner.trainer.step == 1 and store.latest_policy_version() is None
+    assert sorted(learner.learner.pending_turn_ids or []) == sorted(turns)
+    extra = _record(policy, engine, store, 4, score=1)  # sampled by v0 meanwhile
+    asyncio.run(learner.collect())
     m = asyncio.run(learner.step_if_ready())
     assert m is not None and m["policy/version"] == 1.0
     assert learner.trainer.step == 1  # no second optimizer step
+    assert learner.learner.pending_turn_ids is None
     assert [v.version for v in store.policy_versions()] == [1]
     assert all(store.get_sample(t).policy_version == 1 for t in turns)
-    # the next batch steps as usual
-    more = _record(policy, engine, store, 4, score=1)
-    for t in more:
-        store.update_turn(t, policy_version=1)
-    assert asyncio.run(learner.collect()) == 4
-    assert asyncio.run(learner.step_if_ready())["policy/version"] == 2.0
-    assert [v.version for v in store.policy_versions()] == [1, 2]
+    rows = read_metrics(tmp / "out" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1]  # the step's row once
+    nxt = asyncio.run(learner.step_if_ready())
+    if max_staleness == 0:  # the extra samples lag v1 by one: dropped, not trained
+        assert nxt is None and all(store.get_sample(t).reason == "stale" for t in extra)
+    else:
+        assert nxt is not None and nxt["policy/version"] == 2.0
+        assert all(store.get_sample(t).policy_version == 2 for t in extra)

@@ -507,6 +507,12 @@ def _check_resumed_warm_start(out: Path, steps: int, cfg: Config) -> None:
         ConfigError: the run started with a warm start and the method has ``kl.beta > 0``.
     """
     warm = json.loads((out / "run.json").read_text()).get("warm_start")
+    if cfg.harness.warm_start and not warm:
+        raise ConfigError(
+            f"--warm-start {cfg.harness.warm_start}: {out} holds a run started without a warm "
+            "start, which comes before the first step; resume without --warm-start, or start "
+            "a new --out"
+        )
     beta = _kl_beta(cfg)
     if warm and steps > 0 and beta > 0:
         raise ConfigError(

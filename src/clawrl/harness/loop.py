@@ -225,7 +225,10 @@ class HarnessRunner:
             if self.on_rollout is not None:
                 with self._ended_lock:
                     ended[0] += 1
-                    self.on_rollout(rollout, ended[0], len(jobs))
+                    try:
+                        self.on_rollout(rollout, ended[0], len(jobs))
+                    except Exception:  # progress is advisory: the rollout is recorded
+                        log.exception("harness progress callback failed")
             return rollout
 
         with ThreadPoolExecutor(max(1, self.settings.parallel)) as pool:
@@ -316,8 +319,14 @@ def read_progress(out_dir: str | Path) -> dict[str, int] | None:
     path = Path(out_dir) / PROGRESS_FILE
     if not path.is_file():
         return None
-    data = json.loads(path.read_text())
-    return {k: int(data[k]) for k in ("harness_step", "harness_cursor", "policy_version")}
+    try:
+        data = json.loads(path.read_text())
+        return {k: int(data[k]) for k in ("harness_step", "harness_cursor", "policy_version")}
+    except (ValueError, KeyError, TypeError) as e:
+        raise ConfigError(
+            f"{path} is not a harness progress record ({type(e).__name__}: {e}): not a clawrl "
+            "harness run, or a damaged one; start a new --out"
+        ) from e
 
 
 def resume_point(

@@ -26,8 +26,10 @@ order:
 Every step is checkpointed: ``trainer.checkpoint_every`` other than 1 is refused here, the one
 place (a step not in a checkpoint would either lose its turns on a crash or train them twice).
 A step whose writes (3-7) failed part-way in a live process (a locked store, an engine refusing
-the version) is finished by the next :meth:`Learner.step` call: the writes not done yet are
-done then, none twice, and a retry with the same turn ids takes no second optimizer step.
+the version) is finished by :meth:`Learner.finish_pending` (the online loop calls it before it
+evicts or chooses anything) or by a retry of :meth:`Learner.step` with the same turn ids: the
+writes not done yet are done then, none twice, and no second optimizer step is taken; a step
+with other turn ids is refused until then.
 
 With several ranks (FSDP2), every rank calls :meth:`step` (steps 1, 3 and 4 are collective) and
 only the writer (rank 0) touches the store, the engines and the metrics.
@@ -82,6 +84,7 @@ class _Commit:
     checkpointed: bool = False
     samples_recorded: bool = False
     queued: set[int] = field(default_factory=set)
+    version_recorded: bool = False
 
 
 class Learner:
@@ -266,14 +269,18 @@ class Learner:
         Raises:
             TrainerError: the step failed (nothing was written), or the store does not end at
                 the trainer's version (:meth:`next_version`).
-            StoreError: a write of the commit failed: the next call finishes it (with the same
-                ``turn_ids``, instead of training them again).
+            StoreError: a write of the commit failed: the next call with the same ``turn_ids``
+                (or :meth:`finish_pending`) finishes it instead of training them again; a call
+                with other turn ids first is refused (TrainerError).
         """
         if self._pending is not None:
-            same = self._pending.turn_ids == list(turn_ids)
-            finished = self._finish()
-            if same:  # the retry of a step whose commit failed part-way: it is done now
-                return finished
+            if self._pending.turn_ids != list(turn_ids):
+                raise TrainerError(
+                    f"a step of {len(self._pending.turn_ids)} turns failed part-way and is not "
+                    "finished: call finish_pending() first (its turns are trained; they must "
+                    "not be in another batch)"
+                )
+            return self._finish()  # the retry of that step: it is done now
         t0 = time.perf_counter()
         trained = self.trainer.train_step(list(samples))
         return self.commit(turn_ids, meta=meta, metrics={**trained, **(metrics or {})},
@@ -313,6 +320,17 @@ class Learner:
         )  # fmt: skip
         return self._finish()
 
+    @property
+    def pending_turn_ids(self) -> list[str] | None:
+        """The turn ids of a step whose writes failed part-way (``None``: none is pending)."""
+        return None if self._pending is None else list(self._pending.turn_ids)
+
+    def finish_pending(self) -> dict[str, float] | None:
+        """Finish the step whose writes failed part-way (its metrics; ``None``: none was
+        pending). A source that retries on its own (the online loop) calls this before it
+        chooses another batch, since that step's turns are trained."""
+        return None if self._pending is None else self._finish()
+
     def _finish(self) -> dict[str, float]:
         """The writes of the pending commit not done yet, in order (checkpoint, ``samples``
         rows, each engine, ``policy_versions``, metrics); each is marked done as it succeeds,
@@ -333,11 +351,14 @@ class Learner:
                 if i not in c.queued:
                     self._queue(engine, c.version, c.weights)
                     c.queued.add(i)
-            self._record_version(c.version, c.weights)
-            if c.started is not None:
+            if not c.version_recorded:
+                self._record_version(c.version, c.weights)
+                c.version_recorded = True
+            if c.started is not None and "time/step_total" not in c.out:
                 c.out["time/step_total"] = time.perf_counter() - c.started
             if c.record:
                 self.record(self.trainer.step if c.metrics_step is None else c.metrics_step, c.out)
+                c.record = False
         self._pending = None
         return c.out
 

@@ -123,7 +123,7 @@ def _start_wandb(directory: Path, mc: MetricsConfig, run_config: dict[str, Any])
         ) from e
     # a training run resumed into the same directory goes on in the same W&B run
     id_file = directory / WANDB_ID_FILE
-    run_id = id_file.read_text().strip() if id_file.is_file() else None
+    run_id = (id_file.read_text().strip() or None) if id_file.is_file() else None
     try:
         run = wandb.init(
             project=mc.wandb_project,

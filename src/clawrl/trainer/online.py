@@ -206,7 +206,16 @@ class OnlineLearner:
         return len(stale)
 
     async def step_if_ready(self) -> dict[str, float] | None:
-        """Train one step when ``batch_size`` samples are ready; returns its metrics."""
+        """Train one step when ``batch_size`` samples are ready; returns its metrics. A step
+        whose writes failed part-way is finished first, before anything is evicted or chosen
+        (its turns are trained: they leave the ready samples)."""
+        if self.learner.pending_turn_ids is not None:
+            async with self._step_lock:
+                pending = self.learner.pending_turn_ids or []
+                finished = await in_transient_thread(self.learner.finish_pending,
+                                                     finish_on_cancel=True)  # fmt: skip
+                if finished is not None:
+                    return self._stepped(pending, finished)
         await self.evict_stale()
         if len(self._ready) < self.config.batch_size:
             return None
@@ -224,17 +233,21 @@ class OnlineLearner:
             drops = {k: float(v) for k, v in self.state.drops.items()}
             step = functools.partial(self.learner.step, samples, turn_ids, metrics=drops)
             metrics = await in_transient_thread(step, finish_on_cancel=True)
-            for t in turn_ids:
-                del self._ready[t]
-                self._keys.pop(t, None)
-            self.state.steps = self.trainer.step
-            self.state.trained += len(turn_ids)
-            self.state.ready = len(self._ready)
-            self.state.last_step_s = metrics["time/step_total"]
-            self.state.last_metrics = metrics
-            if self.on_step is not None:
-                self.on_step(metrics)
-            return metrics
+            return self._stepped(turn_ids, metrics)
+
+    def _stepped(self, turn_ids: list[str], metrics: dict[str, float]) -> dict[str, float]:
+        """Bookkeeping after a step trained ``turn_ids``: they leave the ready samples."""
+        for t in turn_ids:
+            self._ready.pop(t, None)
+            self._keys.pop(t, None)
+        self.state.steps = self.trainer.step
+        self.state.trained += len(turn_ids)
+        self.state.ready = len(self._ready)
+        self.state.last_step_s = metrics.get("time/step_total", 0.0)
+        self.state.last_metrics = metrics
+        if self.on_step is not None:
+            self.on_step(metrics)
+        return metrics
 
     async def run(self, stop: asyncio.Event) -> None:
         """Poll, collect and step until ``stop`` is set."""
