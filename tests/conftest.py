@@ -54,6 +54,7 @@ def vllm_server(tmp_path_factory):
         extra_args=["--dtype", "float32", "--max-model-len", "2048"],
     )  # fmt: skip
     server.start()
+    server.supervise()  # as clawrl runs it (a test SIGKILLs it)
     yield server
     server.stop()
 

@@ -94,6 +94,7 @@ def _vllm_engine(policy: Policy, config: Config) -> Engine:
             extra_args=ec.vllm_args, startup_timeout_s=ec.vllm_startup_timeout_s,
         )  # fmt: skip
         urls, on_close = [server.start()], server.stop
+        server.supervise()  # restarted when it dies; the engine resyncs it before it serves
     try:
         from clawrl.engine.inputs import policy_eos_ids
 

@@ -101,6 +101,9 @@ class FakeVLLM:
     ``status`` (answer completions with this HTTP status), ``finish`` (the finish reason),
     ``chunks`` (raw stream lines to send instead), ``delay_s`` (per completion),
     ``fail_rpc`` (paths that answer 500), ``adapters`` and ``calls`` (what it was asked).
+    Scoring: every prompt position and next-token candidate gets log-prob ``-0.25 / T`` at the
+    request's temperature T; prompt log-probs are at T = 1 unless ``plugin`` (then at the
+    ``vllm_xargs`` temperature, like clawrl's server plugin).
     """
 
     def __init__(self, url: str, root: str, reply: list[int]) -> None:
@@ -113,6 +116,7 @@ class FakeVLLM:
         self.fail_rpc: set[str] = set()
         self.adapters: set[str] = set()
         self.calls: list[tuple[str, dict]] = []
+        self.plugin = False
 
     async def handle(self, request):
         import httpx
@@ -151,6 +155,19 @@ class FakeVLLM:
             await asyncio.sleep(self.delay_s)
         if self.status != 200:
             return httpx.Response(self.status, json={"error": {"message": "server says no"}})
+        if "prompt_logprobs" in body:
+            xargs = body.get("vllm_xargs") or {}
+            t = xargs.get("clawrl_prompt_temperature", 1.0) if self.plugin else 1.0
+            entries = [None] + [{str(tok): {"logprob": -0.25 / t}} for tok in body["prompt"][1:]]
+            return httpx.Response(200, json={"choices": [{
+                "text": "x", "token_ids": [11], "finish_reason": "length",
+                "prompt_logprobs": entries}]})  # fmt: skip
+        if "logprob_token_ids" in body:
+            lp = -0.25 / body["temperature"]
+            return httpx.Response(200, json={"choices": [{
+                "text": "x", "token_ids": [11], "finish_reason": "length",
+                "logprobs": {"token_logprobs": [lp], "top_logprobs": [
+                    {f"token_id:{c}": lp for c in body["logprob_token_ids"]}]}}]})  # fmt: skip
         ids = self.reply[: body["max_tokens"]]
         if not body.get("stream"):
             return httpx.Response(200, json={"choices": [{
@@ -173,8 +190,9 @@ class FakeVLLM:
 
 @pytest.fixture()
 def fake_vllm(tiny, tmp_path):
-    """``make(n=1, **engine_kwargs) -> (VLLMEngine, [FakeVLLM, ...])``: fake replicas behind one
-    transport; every engine made is closed after the test."""
+    """``make(n=1, plugin=False, **engine_kwargs) -> (VLLMEngine, [FakeVLLM, ...])``: fake
+    replicas behind one transport (``plugin``: they act as if clawrl's server plugin ran); every
+    engine made is closed after the test."""
     import httpx
 
     from clawrl.engine.vllm import VLLMEngine
@@ -183,9 +201,11 @@ def fake_vllm(tiny, tmp_path):
     tiny.tokenizer.save_pretrained(str(root))
     engines = []
 
-    def make(n: int = 1, **kwargs):
+    def make(n: int = 1, plugin: bool = False, **kwargs):
         servers = [FakeVLLM(f"http://replica{i}:8000", str(root), [11, 12, 13, 14])
                    for i in range(n)]  # fmt: skip
+        for s in servers:
+            s.plugin = plugin
         by_host = {s.url.split("//")[1].split(":")[0]: s for s in servers}
 
         async def route(request):

@@ -82,6 +82,59 @@ def test_published_versions_serve_the_trainers_logprobs(vllm_server, embedded_po
     assert _adapters(vllm_server, engine) == []  # a closed engine leaves no adapter on the server
 
 
+class _CountingTransport(httpx.AsyncHTTPTransport):
+    """The network, counting the ``/v1/completions`` requests sent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.completions = 0
+
+    async def handle_async_request(self, request):
+        if request.url.path == "/v1/completions":
+            self.completions += 1
+        return await super().handle_async_request(request)
+
+
+def test_teacher_scoring_at_a_temperature_is_one_exact_request(vllm_server, embedded_policy):
+    """Issue 38's contract: on a server clawrl launched (its plugin loaded), the teacher log-probs
+    of a sampled answer at T = 0.7 equal the transformers engine's within 1e-3 nats per token,
+    in one HTTP request per scored sample."""
+    from clawrl.engine import TransformersEngine
+
+    tok = embedded_policy.tokenizer
+    counter = _CountingTransport()
+    engine = VLLMEngine([vllm_server.url], tok, transport=counter)
+    local = TransformersEngine(embedded_policy.model, eos_token_ids=[tok.eos_token_id],
+                               max_context=2048)  # fmt: skip
+    try:
+        assert engine.replicas[0].prompt_temperature, vllm_server.log_tail()
+        prompts = [_prompt(tok), _prompt(tok, "Name three colours."), _prompt(tok, "Hi!")]
+        params = SamplingParams(max_tokens=24, temperature=0.7, seed=3, ignore_eos=True)
+        answers = [asyncio.run(engine.generate(p, params)).token_ids for p in prompts]
+        before = counter.completions
+        scored = asyncio.run(engine.score(prompts[0], answers[0], temperature=0.7))
+        assert counter.completions - before == 1
+        pairs = list(zip(prompts, answers, strict=True))
+
+        async def scored_while_serving():  # scoring shares the server's steps with sampling
+            return await asyncio.gather(engine.score_batch(pairs, temperature=0.7),
+                                        engine.generate(prompts[1], params))  # fmt: skip
+
+        batch, _served = asyncio.run(scored_while_serving())
+        assert counter.completions - before == 1 + len(prompts) + 1
+        assert batch[0] == pytest.approx(scored, abs=1e-5)
+        for p, a, got in zip(prompts, answers, batch, strict=True):
+            want = asyncio.run(local.score(p, a, temperature=0.7))
+            assert len(got) == len(a) == 24
+            assert max(abs(x - y) for x, y in zip(got, want, strict=True)) < 1e-3
+        # not the temperature-1 values: T matters for these answers
+        at_one = asyncio.run(local.score(prompts[0], answers[0], temperature=1.0))
+        assert max(abs(x - y) for x, y in zip(scored, at_one, strict=True)) > 1e-2
+    finally:
+        engine.close()
+        local.close()
+
+
 def _trained_adapter(policy, path, seed: int):
     """A LoRA adapter with non-zero B (a trained one), saved to ``path``; the PEFT model."""
     return trained_adapter(policy.model, path, seed)
@@ -211,5 +264,54 @@ def test_a_dying_replica_is_taken_out_and_back(
         while not down.healthy and time.monotonic() < deadline:
             time.sleep(0.1)
         assert down.healthy and down.synced_version == 1
+    finally:
+        engine.close()
+
+
+def test_a_launched_server_killed_with_sigkill_comes_back_on_the_current_version(
+    vllm_server, embedded_policy, tmp_path
+):
+    """Issue 38: the server clawrl launched is supervised (``VLLMServer.supervise``): SIGKILLed
+    during a run, its request in flight ends with ``EngineUnavailableError`` (the gateway's
+    503, recorded incomplete), it is restarted on its port, and the engine gives it the current
+    policy version before it serves again."""
+    import os
+    import signal
+
+    tok = embedded_policy.tokenizer
+    engine = VLLMEngine([vllm_server.url], tok, health_interval_s=0.5)
+    trainer = Trainer(embedded_policy.model, TrainerConfig(method="rl"), tmp_path)
+    prompt = _prompt(tok)
+    restarts = vllm_server.restarts
+    try:
+        assert engine.load_policy(1, trainer.save_weights(1)).result(timeout=60) == 1
+
+        async def killed_mid_stream() -> BaseException | int:
+            async def one() -> BaseException | int:
+                try:
+                    long = SamplingParams(max_tokens=400, ignore_eos=True)
+                    return len([e async for e in engine.generate_stream(prompt, long)])
+                except EngineUnavailableError as e:
+                    return e
+
+            task = asyncio.create_task(one())
+            await asyncio.sleep(1.0)
+            os.killpg(vllm_server.process.pid, signal.SIGKILL)
+            return await task
+
+        assert isinstance(asyncio.run(killed_mid_stream()), EngineUnavailableError)
+        deadline = time.monotonic() + 600
+        while vllm_server.restarts == restarts and time.monotonic() < deadline:
+            time.sleep(0.2)  # restarted (spawned; the health loop has taken it out by now)
+        assert vllm_server.restarts == restarts + 1
+        assert not engine.replicas[0].healthy
+        while not engine.available and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert engine.available, vllm_server.log_tail()
+        assert engine.replicas[0].synced_version == 1
+        c = asyncio.run(engine.generate(prompt, SamplingParams(max_tokens=4)))
+        assert c.policy_version == 1
+        assert f"clawrl-{engine._run}-v1" in _adapters(vllm_server, engine)
+        assert engine.replicas[0].prompt_temperature  # the restarted server loaded the plugin
     finally:
         engine.close()

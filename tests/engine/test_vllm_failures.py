@@ -241,3 +241,45 @@ def test_use_base_adapter_loads_it_before_the_first_request(fake_vllm, tmp_path)
     with pytest.raises(EngineError, match="not a PEFT adapter"):
         fresh, _ = fake_vllm()
         fresh.use_base_adapter(tmp_path)
+
+
+def _completions(server) -> int:
+    return sum(1 for path, _ in server.calls if path == "/v1/completions")
+
+
+def test_scoring_at_a_temperature_is_one_request_with_the_plugin(fake_vllm):
+    engine, (server,) = fake_vllm(plugin=True)
+    assert engine.replicas[0].prompt_temperature
+    before = _completions(server)
+    got = asyncio.run(engine.score(PROMPT, [11, 12, 13], temperature=0.5))
+    assert _completions(server) - before == 1
+    assert server.calls[-1][1]["vllm_xargs"] == {"clawrl_prompt_temperature": 0.5}
+    assert got == pytest.approx([-0.5, -0.5, -0.5])
+
+
+def test_without_the_plugin_scoring_says_so_and_stays_exact_per_position(fake_vllm, caplog):
+    """A server of the user's own without clawrl's plugin answers prompt log-probs at T = 1
+    whatever the request asks: clawrl finds out at start, says so, and scores per position
+    (never silently at T = 1)."""
+    with caplog.at_level("WARNING", logger="clawrl.engine.vllm.engine"):
+        engine, (server,) = fake_vllm(plugin=False)
+    assert not engine.replicas[0].prompt_temperature
+    assert "lacks clawrl's plugin" in caplog.text and "server_plugin" in caplog.text
+    before = _completions(server)
+    got = asyncio.run(engine.score(PROMPT, [11, 12, 13], temperature=0.5))
+    assert _completions(server) - before == 3
+    assert got == pytest.approx([-0.5, -0.5, -0.5])  # T = 0.5's values, not T = 1's (-0.25)
+    assert asyncio.run(engine.score(PROMPT, [11, 12], temperature=1.0)) == [-0.25, -0.25]
+    assert _completions(server) - before == 4  # T = 1: prompt log-probs, one request
+
+
+def test_a_replica_taken_back_is_probed_for_the_plugin_again(fake_vllm):
+    engine, (server,) = fake_vllm(plugin=True)
+    server.down = True
+    _wait(lambda: not engine.replicas[0].healthy)
+    server.plugin = False  # restarted without it
+    server.down = False
+    _wait(lambda: engine.replicas[0].healthy)
+    assert not engine.replicas[0].prompt_temperature
+    got = asyncio.run(engine.score(PROMPT, [11, 12], temperature=0.5))
+    assert got == pytest.approx([-0.5, -0.5])

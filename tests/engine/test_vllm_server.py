@@ -83,3 +83,63 @@ def test_an_interrupt_while_starting_stops_the_server(stand_in):
         server.start()
     timer.join()
     _assert_all_stopped(server, tmp)
+
+
+HEALTHY_STAND_IN = """#!{python}
+# answers GET /health on vLLM's --port; records each start
+import http.server, os, sys
+port = int(sys.argv[sys.argv.index("--port") + 1])
+with open(os.environ["STARTS_FILE"], "a") as f:
+    f.write(f"{{os.getpid()}}\\n")
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
+"""
+
+
+def test_a_supervised_server_killed_with_sigkill_is_restarted_on_its_port(
+    tmp_path, monkeypatch, caplog
+):
+    import signal
+    import sys
+
+    import httpx
+
+    from clawrl.engine.vllm import server as server_mod
+
+    exe = tmp_path / "python"
+    exe.write_text(HEALTHY_STAND_IN.format(python=sys.executable))
+    exe.chmod(0o755)
+    starts = tmp_path / "starts"
+    monkeypatch.setenv("STARTS_FILE", str(starts))
+    monkeypatch.setattr(server_mod, "RESTART_BACKOFF_S", (0.2, 0.4))
+    (tmp_path / "model").mkdir()
+    server = VLLMServer(tmp_path / "model", python=str(exe), run_dir=tmp_path / "run",
+                        startup_timeout_s=30)  # fmt: skip
+    url = server.start()
+    try:
+        server.supervise(poll_s=0.05)
+        with caplog.at_level("WARNING", logger="clawrl.engine.vllm.server"):
+            for n in (1, 2):  # twice: the backoff grows, the port stays
+                first = server.process.pid
+                os.kill(first, signal.SIGKILL)
+                deadline = time.monotonic() + 30
+                while server.restarts < n and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                while f"restarted (restart {n}" not in caplog.text and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                assert server.process.pid != first
+                assert httpx.get(f"{url}/health").status_code == 200
+        assert "exited with status -9; restart 1 in 0 s" in caplog.text
+        assert "restart 2" in caplog.text
+        assert len(starts.read_text().split()) == 3
+    finally:
+        server.stop(timeout_s=5)
+    last = server.process.pid
+    time.sleep(0.5)  # stopped: no restart after stop()
+    assert server.process.pid == last and server.process.poll() is not None
+    assert len(starts.read_text().split()) == 3

@@ -13,6 +13,10 @@ checked once, at start, and refused with a message that says how to fix it.
   must equal the policy's. Otherwise a probe hash: the ids ``/tokenize`` gives for a fixed set
   of texts and the text ``/detokenize`` gives for a spread of ids across the vocabulary must
   equal the local tokenizer's.
+
+Not refused, but probed and reported: whether the server runs clawrl's plugin, which gives prompt
+log-probs at a request's temperature in one request (:func:`check_prompt_temperature`); without
+it, teacher scoring at T != 1 takes one request per target token.
 """
 
 from __future__ import annotations
@@ -41,6 +45,12 @@ PROBE_IDS = 256
 """Ids spread over the vocabulary that ``/detokenize`` must turn into the local text."""
 
 
+PROMPT_TEMPERATURE_PROBE = 0.5
+"""The temperature :func:`check_prompt_temperature` probes at."""
+PROBE_TOLERANCE = 1e-3
+"""Nats per token within which the plugin's log-probs must equal vLLM's sampler's."""
+
+
 @dataclass(frozen=True)
 class ServerInfo:
     """What a checked replica serves.
@@ -51,6 +61,8 @@ class ServerInfo:
         max_model_len: its context window in tokens.
         root: the model directory or hub id the server loaded.
         tokenizer_check: ``fingerprint`` (vocabulary hash compared) or ``probe``.
+        prompt_temperature: whether it scores prompt log-probs at a request's temperature in
+            one request (clawrl's plugin, :func:`check_prompt_temperature`).
     """
 
     url: str
@@ -58,6 +70,7 @@ class ServerInfo:
     max_model_len: int
     root: str
     tokenizer_check: str
+    prompt_temperature: bool = False
 
 
 def _base_model(models: dict[str, Any], url: str) -> tuple[str, int, str]:
@@ -102,6 +115,39 @@ async def check_logprobs_mode(client: httpx.AsyncClient, url: str, model: str, b
             "records the log-probs of the distribution it sampled from, so start the server "
             "with --logprobs-mode processed_logprobs"
         )
+
+
+def temperature_probe_ids(tokenizer: Any) -> list[int]:
+    """The ids :func:`check_prompt_temperature` scores: BOS (or id 0) and a few text ids."""
+    bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else 0
+    return [int(bos), *tokenizer.encode(PROBE_TEXTS[0], add_special_tokens=False)[:6]]
+
+
+async def check_prompt_temperature(
+    client: httpx.AsyncClient, url: str, model: str, probe_ids: list[int]
+) -> bool:
+    """Whether the server at ``url`` runs clawrl's plugin correctly: the prompt log-probs of
+    ``probe_ids[1:]`` at :data:`PROMPT_TEMPERATURE_PROBE`, asked for in one request, must equal
+    vLLM's own temperature-scaled next-token log-probs (one request per position, the sampler's
+    path) within :data:`PROBE_TOLERANCE`. ``False`` when the plugin is absent (the answer is
+    the temperature-1 one) or gives other values (both logged as a warning by the caller).
+
+    Raises:
+        EngineError: the server refuses the probe requests.
+    """
+    from clawrl.engine.vllm import protocol
+
+    prompt, target = probe_ids[:1], probe_ids[1:]
+    t = PROMPT_TEMPERATURE_PROBE
+    one = await _post(client, url, "/v1/completions",
+                      protocol.prompt_logprobs_body(model, prompt, target, t))  # fmt: skip
+    got = protocol.parse_prompt_logprobs(one, len(prompt), target)
+    want = []
+    for i, tok in enumerate(target):
+        body = protocol.next_token_body(model, prompt + target[:i], [tok], t)
+        want.append(protocol.parse_next_token(await _post(client, url, "/v1/completions", body),
+                                              [tok])[0])  # fmt: skip
+    return max(abs(a - b) for a, b in zip(got, want, strict=True)) <= PROBE_TOLERANCE
 
 
 def _local_fingerprint(root: str) -> str | None:
@@ -183,4 +229,5 @@ async def check_server(client: httpx.AsyncClient, url: str, tokenizer: Any) -> S
         how = "probe"
     bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else 0
     await check_logprobs_mode(client, url, model, int(bos))
-    return ServerInfo(url, model, max_len, root, how)
+    plugin = await check_prompt_temperature(client, url, model, temperature_probe_ids(tokenizer))
+    return ServerInfo(url, model, max_len, root, how, plugin)

@@ -24,9 +24,11 @@ three requests in a row (5xx, timeouts) is taken out: its requests end with
 recorded with its error, never trained), and a health loop (``GET /health``) takes it back once
 it answers and has been given the current version again (its adapter, or its full weights).
 
-**Scoring.** ``score`` at temperature 1 reads ``prompt_logprobs`` (one request); at another
-temperature vLLM's prompt log-probs do not apply (they skip the sampling processors), so each
-target position is one request that returns the processed log-prob of the target id at the
+**Scoring.** ``score`` reads ``prompt_logprobs``: one request per sample, at temperature 1 on
+any server, at another temperature on a server running clawrl's plugin
+(:mod:`clawrl.engine.vllm.server_plugin`; every server clawrl launches does; probed at start and
+whenever a replica is taken back). Without the plugin vLLM's prompt log-probs skip the sampling
+processors, so at T != 1 each target position is one request that returns the processed log-prob of the target id at the
 next position (``logprob_token_ids``), at most :data:`SCORE_CONCURRENCY` at once; vLLM's prefix
 cache serves their shared prefix (measured: 89 % of the prompt tokens of 48 such requests over an
 824-token prompt were cache hits, sent all at once). ``base=True`` scores with the base weights.
@@ -67,7 +69,12 @@ from clawrl.engine import inputs
 from clawrl.engine.sampling import GREEDY_BELOW
 from clawrl.engine.types import Completion, EngineStats, SamplingParams, TokenEvent
 from clawrl.engine.vllm import protocol
-from clawrl.engine.vllm.checks import ServerInfo, check_server
+from clawrl.engine.vllm.checks import (
+    ServerInfo,
+    check_prompt_temperature,
+    check_server,
+    temperature_probe_ids,
+)
 from clawrl.errors import EngineClosedError, EngineError, EngineUnavailableError
 
 log = logging.getLogger(__name__)
@@ -93,6 +100,8 @@ class Replica:
         inflight: requests it is serving now.
         synced_version: the newest policy version it can serve (-1: none until resynced).
         failures: failed requests in a row.
+        prompt_temperature: it runs clawrl's plugin (one request per scored sample at any
+            temperature; :func:`clawrl.engine.vllm.checks.check_prompt_temperature`).
     """
 
     url: str
@@ -100,6 +109,7 @@ class Replica:
     inflight: int = 0
     synced_version: int = 0
     failures: int = 0
+    prompt_temperature: bool = False
 
 
 @dataclass
@@ -243,10 +253,25 @@ class VLLMEngine:
         self._versions[0] = _Version(self.base_name)
         self._base_served = self.base_name  # what base requests name (the zero adapter, later)
         self._spawn(self._health_loop())
-        for info in infos:
+        for replica, info in zip(self.replicas, infos, strict=True):
+            replica.prompt_temperature = info.prompt_temperature
             log.info("vLLM replica %s: model %s, context %d, tokenizer checked by %s",
                      info.url, info.model, info.max_model_len, info.tokenizer_check)  # fmt: skip
+            self._say_scoring(replica)
         return infos
+
+    def _say_scoring(self, replica: Replica) -> None:
+        if replica.prompt_temperature:
+            log.info("vLLM replica %s runs clawrl's plugin: a sample is scored at any "
+                     "temperature in one request", replica.url)  # fmt: skip
+        else:
+            log.warning(
+                "vLLM replica %s lacks clawrl's plugin (or it gave other values than vLLM's "
+                "sampler): teacher scoring at a temperature other than 1 takes one request per "
+                "target token there (exact, slower). To add it: python -m "
+                "clawrl.engine.vllm.server_plugin DIR, then start the server with PYTHONPATH=DIR",
+                replica.url,
+            )
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = self._loop.create_task(coro)
@@ -335,6 +360,13 @@ class VLLMEngine:
                 }
                 await self._rpc(replica, "/collective_rpc", body, timeout=600.0)
             replica.synced_version = target
+            # a restarted server may have lost (or gained) clawrl's plugin
+            had = replica.prompt_temperature
+            replica.prompt_temperature = await check_prompt_temperature(
+                self._client, replica.url, self.base_name, temperature_probe_ids(self.tokenizer)
+            )
+            if had != replica.prompt_temperature:
+                self._say_scoring(replica)
 
     async def _rpc(
         self, replica: Replica, path: str, body: dict[str, Any], *, timeout: float = 120.0
@@ -802,8 +834,8 @@ class VLLMEngine:
         _version, info, replica = await self._acquire()
         name = self._base_served if base else info.name
         try:
-            if abs(temperature - 1.0) < 1e-9:
-                body = protocol.prompt_logprobs_body(name, prompt, target)
+            if abs(temperature - 1.0) < 1e-9 or replica.prompt_temperature:
+                body = protocol.prompt_logprobs_body(name, prompt, target, temperature)
                 payload = await self._scored(replica, body, len(prompt))
                 return protocol.parse_prompt_logprobs(payload, len(prompt), target)
             bodies = [

@@ -17,7 +17,8 @@ vLLM facts this module relies on (vLLM 0.32, CPU build):
   ``return_tokens_as_token_ids: true`` the alternatives are keyed ``"token_id:ID"``.
 * ``prompt_logprobs: 0`` returns, per prompt position, the log-prob of the prompt's own token,
   at temperature 1 whatever the request's temperature (prompt tokens skip the sampling
-  processors). ``logprob_token_ids: [ids]`` returns the log-probs of those ids at the first
+  processors), unless clawrl's plugin runs in the server and the body carries
+  ``vllm_xargs: {clawrl_prompt_temperature: T}`` (:mod:`clawrl.engine.vllm.server_plugin`). ``logprob_token_ids: [ids]`` returns the log-probs of those ids at the first
   generated position under the processed (temperature-scaled) distribution.
 """
 
@@ -86,12 +87,20 @@ def completion_body(
     return body
 
 
+PROMPT_TEMPERATURE_KEY = "clawrl_prompt_temperature"
+"""The ``vllm_xargs`` key clawrl's server plugin reads (:mod:`clawrl.engine.vllm.server_plugin`,
+which must name the same key: checked by a test)."""
+
+
 def prompt_logprobs_body(
-    model: str, prompt_ids: list[int], target_ids: list[int]
+    model: str, prompt_ids: list[int], target_ids: list[int], temperature: float = 1.0
 ) -> dict[str, Any]:
     """A body whose ``prompt_logprobs`` are the log-probs of ``target_ids`` after ``prompt_ids``
-    at temperature 1 (one generated token, discarded)."""
-    return {
+    (one generated token, discarded): at temperature 1, or, with ``temperature != 1``,
+    ``log_softmax(logits / temperature)`` on a server running clawrl's plugin (a server without
+    it ignores the key and answers at temperature 1: :func:`clawrl.engine.vllm.checks.
+    check_prompt_temperature` finds out at start)."""
+    body: dict[str, Any] = {
         "model": model,
         "prompt": list(prompt_ids) + list(target_ids),
         "max_tokens": 1,
@@ -103,6 +112,9 @@ def prompt_logprobs_body(
         "skip_special_tokens": False,
         **NEUTRAL,
     }
+    if abs(temperature - 1.0) > 1e-9:
+        body["vllm_xargs"] = {PROMPT_TEMPERATURE_KEY: float(temperature)}
+    return body
 
 
 def next_token_body(

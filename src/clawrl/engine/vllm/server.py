@@ -3,11 +3,12 @@
 clawrl starts ``python -m vllm.entrypoints.openai.api_server`` (vLLM's own OpenAI-compatible
 server) from a Python that has vLLM installed (vLLM pins its own torch and transformers, so it
 usually lives in a virtual environment of its own: ``scripts/install_vllm.sh`` makes ``.vllm/``),
-waits until ``GET /health`` answers, writes the server's output to a log file, and stops it by
-its process group id. The flags clawrl needs are always set: the policy's model directory, a
+waits until ``GET /health`` answers, writes the server's output to a log file, restarts it with
+backoff when it dies (:meth:`VLLMServer.supervise`), and stops it by its process group id. The flags clawrl needs are always set: the policy's model directory, a
 served name, loopback and a free port, ``--logprobs-mode processed_logprobs`` (the log-probs of
 the distribution sampled from), runtime LoRA (``--enable-lora``, ``--max-lora-rank``) and the
-dev-mode routes for weight reloads (``VLLM_SERVER_DEV_MODE=1``); anything else goes through
+dev-mode routes for weight reloads (``VLLM_SERVER_DEV_MODE=1``) and clawrl's plugin for
+prompt log-probs at a temperature (:mod:`clawrl.engine.vllm.server_plugin`); anything else goes through
 ``--vllm-arg`` (e.g. ``--tensor-parallel-size 2`` on GPUs). The CPU build's caches and sockets
 go into the run directory instead of ``/tmp`` and ``~/.cache``.
 """
@@ -15,17 +16,27 @@ go into the run directory instead of ``/tmp`` and ``~/.cache``.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
 
+from clawrl.engine.vllm import server_plugin
 from clawrl.errors import EngineError
+
+log = logging.getLogger(__name__)
+
+RESTART_BACKOFF_S: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 60.0)
+"""Seconds :meth:`VLLMServer.supervise` waits before restart 1, 2, ... (then the last, again)."""
+STABLE_AFTER_S = 120.0
+"""A restarted server that stays up this long resets the backoff to its first step."""
 
 DEFAULT_ARGS: dict[str, tuple[str, ...]] = {
     "--enforce-eager": ("--enforce-eager",),
@@ -124,6 +135,11 @@ class VLLMServer:
             *defaults, *extra,
         ]  # fmt: skip
         self.process: subprocess.Popen[bytes] | None = None
+        self.restarts = 0
+        """How many times :meth:`supervise` restarted the server."""
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()  # a restart's spawn against stop()
+        self._watcher: threading.Thread | None = None
 
     def command(self) -> list[str]:
         """The command line that starts the server."""
@@ -142,6 +158,12 @@ class VLLMServer:
             "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
         })  # fmt: skip
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB of KV cache on the CPU build
+        # clawrl's plugin (prompt log-probs at the request's temperature), found by vLLM's
+        # entry points on this path; VLLM_PLUGINS, when the user limits plugins, must name it
+        plugin = str(self.run_dir / "plugin")
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (plugin, env.get("PYTHONPATH")) if p)
+        if env.get("VLLM_PLUGINS"):
+            env["VLLM_PLUGINS"] = f"{env['VLLM_PLUGINS']},{server_plugin.NAME}"
         return env
 
     def start(self) -> str:
@@ -151,27 +173,84 @@ class VLLMServer:
             EngineError: it exited or did not become healthy within ``startup_timeout_s``
                 (the message ends with the log's last lines).
         """
-        env = self.environment()
-        for key in ("TMPDIR", "VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR"):
-            Path(env[key]).mkdir(parents=True, exist_ok=True)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        log = self.log_path.open("ab")
-        self.process = subprocess.Popen(
-            self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
-            start_new_session=True,  # its own process group: stopped as one, by its id
-        )  # fmt: skip
-        log.close()
+        if not self._spawn():
+            raise EngineError("the vLLM server was stopped before it started")
         try:
             return self._wait_healthy()
         except BaseException:  # Ctrl-C or SIGTERM while it starts: no server left behind
             self.stop(timeout_s=5.0)
             raise
 
+    def _spawn(self) -> bool:
+        """Start the process (its own process group); ``False`` when :meth:`stop` came first."""
+        env = self.environment()
+        for key in ("TMPDIR", "VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR"):
+            Path(env[key]).mkdir(parents=True, exist_ok=True)
+        server_plugin.plugin_dir(self.run_dir / "plugin")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with self._lock:
+            if self._stopping.is_set():
+                return False
+            with self.log_path.open("ab") as out:
+                self.process = subprocess.Popen(
+                    self.command(), stdout=out, stderr=subprocess.STDOUT, env=env,
+                    start_new_session=True,  # its own process group: stopped as one, by its id
+                )  # fmt: skip
+        return True
+
+    def supervise(self, *, poll_s: float = 1.0) -> None:
+        """Restart the server whenever it exits without :meth:`stop` (a crash, an OOM kill,
+        SIGKILL), on the same port, after :data:`RESTART_BACKOFF_S`; each exit and restart is
+        logged. Requests in flight when it died have failed (the engine answers them 503 and
+        records them incomplete); the engine's health loop gives the restarted server the
+        current policy version before it takes requests again
+        (:meth:`clawrl.engine.vllm.VLLMEngine` ``_sync``). Runs in a daemon thread until
+        :meth:`stop`; call after :meth:`start`."""
+        if self._watcher is not None:
+            return
+        self._watcher = threading.Thread(target=self._watch, args=(poll_s,),
+                                         name="clawrl-vllm-supervisor", daemon=True)  # fmt: skip
+        self._watcher.start()
+
+    def _watch(self, poll_s: float) -> None:
+        step = 0
+        up_since = time.monotonic()
+        while not self._stopping.wait(poll_s):
+            proc = self.process
+            code = proc.poll() if proc is not None else None
+            if proc is None or code is None:
+                if time.monotonic() - up_since >= STABLE_AFTER_S:
+                    step = 0
+                continue
+            with contextlib.suppress(ProcessLookupError):  # what it left in its group
+                os.killpg(proc.pid, signal.SIGKILL)
+            delay = RESTART_BACKOFF_S[min(step, len(RESTART_BACKOFF_S) - 1)]
+            step += 1
+            log.warning("vLLM server %s (pid %d) exited with status %s; restart %d in %.0f s "
+                        "(log: %s)", self.url, proc.pid, code, self.restarts + 1, delay,
+                        self.log_path)  # fmt: skip
+            if self._stopping.wait(delay) or not self._spawn():
+                return
+            self.restarts += 1
+            try:
+                self._wait_healthy()
+            except EngineError as e:
+                if self._stopping.is_set():
+                    return
+                log.error("vLLM server %s restart %d failed: %s", self.url, self.restarts,
+                          str(e).splitlines()[0])  # fmt: skip
+                continue
+            up_since = time.monotonic()
+            log.warning("vLLM server %s restarted (restart %d, pid %d); it serves again once "
+                        "it has the current policy version", self.url, self.restarts,
+                        self.process.pid if self.process else -1)  # fmt: skip
+
     def _wait_healthy(self) -> str:
-        assert self.process is not None
+        proc = self.process
+        assert proc is not None
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
-            code = self.process.poll()
+            code = proc.poll()
             if code is not None:  # (start() stops what it started, in its process group)
                 raise EngineError(f"the vLLM server exited with status {code} while starting; "
                                   f"{self.log_path}:\n{self.log_tail()}")  # fmt: skip
@@ -191,7 +270,10 @@ class VLLMServer:
         return "\n".join(text.splitlines()[-lines:])
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """Stop the server's process group (SIGTERM, then SIGKILL after ``timeout_s``)."""
+        """Stop the server's process group (SIGTERM, then SIGKILL after ``timeout_s``), and
+        its supervision."""
+        with self._lock:
+            self._stopping.set()
         proc = self.process
         if proc is None:
             return

@@ -1,0 +1,223 @@
+"""A vLLM general plugin: prompt log-probs at a request's own temperature.
+
+This file runs **inside the vLLM server's processes**, not in clawrl's: it imports nothing from
+clawrl (the server's Python usually has no clawrl) and is loaded by vLLM's plugin mechanism
+(entry point group ``vllm.general_plugins``, loaded in the API server, the engine core and every
+worker). :func:`plugin_dir` writes this file and a distribution record naming its entry point
+into a folder; a server whose ``PYTHONPATH`` holds that folder loads it. clawrl does this for the
+servers it launches (:class:`clawrl.engine.vllm.VLLMServer`); for a server of your own::
+
+    python -m clawrl.engine.vllm.server_plugin /opt/clawrl-plugin   # prints the PYTHONPATH line
+    PYTHONPATH=/opt/clawrl-plugin vllm serve ...
+
+Why: vLLM computes ``prompt_logprobs`` from the raw logits (prompt tokens skip the sampling
+processors, ``vllm/v1/worker/gpu_model_runner.py`` ``_get_prompt_logprobs_dict``), so the
+teacher log-probs of an OPD target at a sampling temperature T != 1 would need one request per
+target token. With this plugin a request whose body carries
+``"vllm_xargs": {"clawrl_prompt_temperature": T}`` gets ``log_softmax(logits / T)`` for its
+prompt log-probs in one request: the same formula as vLLM's sampler (``Sampler.apply_temperature``
+divides float32 logits by T before ``compute_logprobs``) and clawrl's transformers engine.
+Requests without the key keep vLLM's values.
+
+It also fixes a crash of vLLM 0.32's CPU build: with LoRA enabled, a step holding a request with
+prompt log-probs and any other request killed the engine core (:func:`_one_sampler_index`); the
+plugin runs each prompt slice's logits with its own request's adapter index.
+
+How: the model runner's method is wrapped; while it runs, ``model.compute_logits`` is wrapped
+too, and divides the logits of a request's prompt slice by its T. The slice is recognised by
+where it starts in the step's hidden states (the method slices ``hidden_states[offset:...]``
+with ``offset = query_start_loc[request index]``). On a vLLM whose method does not contain the
+lines this relies on (:data:`MARKERS`), nothing is patched and the server logs why; clawrl then
+finds the plugin inactive at start (:func:`clawrl.engine.vllm.checks.check_prompt_temperature`)
+and scores per position instead. A request with the key whose slice was not found fails (the
+step raises) rather than returning temperature-1 values.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+NAME = "clawrl_prompt_temperature"
+"""The plugin's entry point name, and the ``vllm_xargs`` key a request sets to T."""
+
+MODULE = "clawrl_vllm_plugin"
+"""The module name this file is written under in :func:`plugin_dir`."""
+
+VERSION = "1"
+"""Bumped when the plugin's behaviour changes."""
+
+MARKERS = (
+    "prompt_hidden_states = hidden_states[offset : offset + num_logits]",
+    "logits = self.model.compute_logits(prompt_hidden_states)",
+    "offset = self.query_start_loc.np[req_idx].item()",
+)
+"""Lines of vLLM's ``_get_prompt_logprobs_dict`` the patch relies on (vLLM 0.32)."""
+
+log = logging.getLogger("clawrl.vllm_plugin")
+
+
+def _temperature(request: Any) -> float | None:
+    params = getattr(request, "sampling_params", None)
+    extra = getattr(params, "extra_args", None) or {}
+    value = extra.get(NAME)
+    if value is None:
+        return None
+    t = float(value)
+    if not t > 0.0:
+        raise ValueError(f"{NAME} must be > 0, got {value!r}")
+    return t
+
+
+def _logits_punica(runner: Any) -> Any:
+    """The CPU LoRA wrapper of the model's logits processor, or ``None`` (no LoRA, or another
+    platform's kernels: left alone). Cached on the runner."""
+    cached = runner.__dict__.get("_clawrl_logits_punica", False)
+    if cached is not False:
+        return cached
+    found = None
+    modules = getattr(runner.model, "modules", None)
+    for m in modules() if callable(modules) else ():
+        if type(m).__name__ == "LogitsProcessorWithLoRA":
+            punica = getattr(m, "punica_wrapper", None)
+            if type(punica).__name__ == "PunicaWrapperCPU" and all(
+                hasattr(punica, a) for a in ("_sampler_indices", "indices_len")
+            ):
+                found = punica
+            break
+    runner.__dict__["_clawrl_logits_punica"] = found
+    return found
+
+
+def _one_sampler_index(punica: Any, index: int, fn: Any) -> Any:
+    """Run ``fn`` with the logits processor's LoRA indices reduced to request ``index``'s.
+
+    vLLM 0.32's CPU kernels (``vllm/lora/ops/torch_ops`` ``bgmv_shrink``) pair the i-th row of
+    the logits' input with the i-th sampler index, one per request in the batch; a prompt slice
+    has one row per prompt position, so with two requests or more in the step the shapes clash
+    and the engine core dies (seen: ``einsum(): subscript b has size 2 ... size 57``). One index
+    broadcasts over the slice's rows: the request's own adapter for each of its positions.
+    """
+    n = punica.indices_len[1]
+    if n is None or n <= 1:
+        return fn()
+    saved = punica._sampler_indices[:n].clone()
+    punica._sampler_indices[0] = saved[index]
+    punica.indices_len[1] = 1
+    try:
+        return fn()
+    finally:
+        punica._sampler_indices[:n] = saved
+        punica.indices_len[1] = n
+
+
+def _wrap(original: Any) -> Any:
+    import torch
+
+    def _get_prompt_logprobs_dict(self: Any, hidden_states: Any, num_scheduled_tokens: Any) -> Any:
+        punica = _logits_punica(self)
+        slices: dict[int, tuple[int, float | None]] = {}  # first row -> (request index, T)
+        for req_id in self.num_prompt_logprobs or {}:
+            request = self.requests.get(req_id)
+            scheduled = num_scheduled_tokens.get(req_id)
+            if request is None or scheduled is None or request.prompt_token_ids is None:
+                continue
+            t = _temperature(request)
+            # as vLLM counts them: the prompt positions left that this step computes
+            left = len(request.prompt_token_ids) - request.num_computed_tokens - 1
+            if (t is None and punica is None) or min(int(scheduled), left) <= 0:
+                continue
+            index = self.input_batch.req_id_to_index[req_id]
+            slices[int(self.query_start_loc.np[index].item())] = (index, t)
+        if not slices:
+            return original(self, hidden_states, num_scheduled_tokens)
+        model = self.model
+        inner = model.compute_logits
+        base = hidden_states.data_ptr()
+        row_bytes = hidden_states.stride(0) * hidden_states.element_size()
+        seen: set[int] = set()
+
+        def compute_logits(h: Any, *args: Any, **kwargs: Any) -> Any:
+            row, rest = divmod(h.data_ptr() - base, row_bytes)
+            hit = slices.get(row) if rest == 0 else None
+            if hit is None:
+                return inner(h, *args, **kwargs)
+            seen.add(row)
+            index, t = hit
+            if punica is not None:
+                logits = _one_sampler_index(punica, index, lambda: inner(h, *args, **kwargs))
+            else:
+                logits = inner(h, *args, **kwargs)
+            return logits if t is None else logits.to(torch.float32) / t
+
+        model.__dict__["compute_logits"] = compute_logits  # shadows the method while we run
+        try:
+            out = original(self, hidden_states, num_scheduled_tokens)
+        finally:
+            model.__dict__.pop("compute_logits", None)
+        missed = [r for r, (_i, t) in slices.items() if t is not None and r not in seen]
+        if missed:  # it asked for T and vLLM computed its logits elsewhere than we know
+            raise RuntimeError(f"{NAME}: a prompt slice starting at row {missed[0]} was not "
+                               "recognised; refusing to return temperature-1 log-probs")  # fmt: skip
+        return out
+
+    _get_prompt_logprobs_dict.__wrapped__ = original  # type: ignore[attr-defined]
+    _get_prompt_logprobs_dict.clawrl_plugin = VERSION  # type: ignore[attr-defined]
+    return _get_prompt_logprobs_dict
+
+
+def register() -> None:
+    """vLLM's entry point: patch the model runner once per process (idempotent)."""
+    try:
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    except Exception as e:  # the API server process of a build without the V1 runner
+        log.warning("%s: vLLM's V1 model runner is not importable (%s): not active", NAME, e)
+        return
+    method = GPUModelRunner.__dict__.get("_get_prompt_logprobs_dict")
+    if method is None:
+        log.warning("%s: this vLLM has no _get_prompt_logprobs_dict: not active", NAME)
+        return
+    if getattr(method, "clawrl_plugin", None):
+        return
+    try:
+        source = inspect.getsource(method)
+    except (OSError, TypeError) as e:
+        log.warning("%s: cannot read vLLM's _get_prompt_logprobs_dict (%s): not active", NAME, e)
+        return
+    missing = [m for m in MARKERS if m not in source]
+    if missing:
+        log.warning("%s: vLLM's _get_prompt_logprobs_dict differs from the one this plugin "
+                    "knows (missing %r): not active", NAME, missing[0])  # fmt: skip
+        return
+    GPUModelRunner._get_prompt_logprobs_dict = _wrap(method)  # type: ignore[method-assign]
+    log.info("%s %s: active (prompt log-probs at the request's %s)", NAME, VERSION, NAME)
+
+
+def plugin_dir(folder: str | Path) -> Path:
+    """Write the plugin into ``folder`` (this module as ``clawrl_vllm_plugin.py`` and a
+    ``.dist-info`` whose ``entry_points.txt`` names :func:`register` in
+    ``vllm.general_plugins``); returns the folder, which a vLLM server's ``PYTHONPATH`` must
+    hold. Idempotent."""
+    root = Path(folder)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / f"{MODULE}.py").write_text(Path(__file__).read_text())
+    info = root / f"{MODULE}-{VERSION}.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {MODULE}\nVersion: {VERSION}\n"
+        "Summary: clawrl's vLLM plugin: prompt log-probs at the request's temperature\n"
+    )
+    (info / "entry_points.txt").write_text(f"[vllm.general_plugins]\n{NAME} = {MODULE}:register\n")
+    return root
+
+
+if __name__ == "__main__":  # python -m clawrl.engine.vllm.server_plugin FOLDER
+    if len(sys.argv) != 2 or sys.argv[1] in ("-h", "--help"):
+        print(__doc__)
+        sys.exit(0 if len(sys.argv) == 2 else 2)
+    where = plugin_dir(sys.argv[1]).resolve()
+    print(f"wrote clawrl's vLLM plugin to {where}; start your server with\n"
+          f"  PYTHONPATH={where}${{PYTHONPATH:+:$PYTHONPATH}} vllm serve ...")  # fmt: skip
