@@ -57,6 +57,32 @@ class ContextLengthError(ClientInputError):
         self.max_context = max_context
 
 
+class MaxTokensBeyondContextError(ContextLengthError):
+    """A request's prompt fits, but not with the completion budget it asked for: OpenAI's and
+    Anthropic's APIs answer 400 before generating (a 100,000-token budget would otherwise run
+    until the request timeout on a small model).
+
+    Attributes:
+        prompt_tokens, max_context: as :class:`ContextLengthError`.
+        max_tokens: the budget the client asked for.
+    """
+
+    def __init__(self, prompt_tokens: int, max_tokens: int, max_context: int, param: str) -> None:
+        ClientInputError.__init__(
+            self,
+            f"This model's maximum context length is {max_context} tokens. However, you "
+            f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, "
+            f"{max_tokens} in the completion). Please reduce the length of the messages or "
+            f"`{param}` (or start clawrl with --set sampling.max_tokens_beyond_context=clamp "
+            "to generate what fits)",
+            code="context_length_exceeded",
+            param=param,
+        )
+        self.prompt_tokens = prompt_tokens
+        self.max_context = max_context
+        self.max_tokens = max_tokens
+
+
 class EngineError(ClawrlError):
     """Generation or scoring failed inside the engine (not the client's fault): HTTP 500/503."""
 

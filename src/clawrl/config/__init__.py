@@ -158,6 +158,14 @@ class SamplingConfig(_Section):
         description="New tokens for a Responses call without max_output_tokens (Codex sends "
         "none; capped at what fits the context).",
     )
+    max_tokens_beyond_context: Literal["refuse", "clamp"] = Field(
+        "refuse",
+        description="A request whose prompt plus the max_tokens it sets exceeds the context: "
+        "'refuse' answers 400 context_length_exceeded before generating, like OpenAI's and "
+        "Anthropic's APIs; 'clamp' generates what fits (for a harness that always asks for more "
+        "than a small model's context). A budget the request leaves out is always capped at "
+        "what fits.",
+    )
     temperature: float = Field(0.7, ge=0.0, le=10.0, description="0 means greedy decoding.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     top_k: int = Field(0, ge=0, description="Keep the k most likely tokens; 0 disables.")

@@ -29,7 +29,7 @@ import secrets
 from typing import Any
 
 from clawrl.chat import ParsedCompletion, ToolCall
-from clawrl.errors import ContextLengthError
+from clawrl.errors import ContextLengthError, MaxTokensBeyondContextError
 
 THINKING_SIGNATURE = "clawrl-unsigned"
 ANTHROPIC_PATH_PARTS = ("/v1/messages",)
@@ -189,11 +189,19 @@ def error_json(status: int, openai_body: dict[str, Any], exc: BaseException | No
     the gateway would answer with ``status`` and the OpenAI-shaped ``openai_body``.
 
     A prompt that does not fit reads ``prompt is too long: N tokens > M maximum``, the message
-    Claude Code parses to decide how much to compact.
+    Claude Code parses to decide how much to compact; a prompt that fits without its
+    ``max_tokens`` reads like Anthropic's ``input length and `max_tokens` exceed context
+    limit: P + M > C, ...``.
     """
     inner = openai_body.get("error", {}) if isinstance(openai_body, dict) else {}
     message = str(inner.get("message", "error"))
-    if isinstance(exc, ContextLengthError):
+    if isinstance(exc, MaxTokensBeyondContextError):  # Anthropic's own wording
+        message = (
+            f"input length and `max_tokens` exceed context limit: {exc.prompt_tokens} + "
+            f"{exc.max_tokens} > {exc.max_context}, decrease input length or `max_tokens` and "
+            "try again"
+        )
+    elif isinstance(exc, ContextLengthError):
         message = f"prompt is too long: {exc.prompt_tokens} tokens > {exc.max_context} maximum"
     kind = _ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
     return {"type": "error", "error": {"type": kind, "message": message}}

@@ -49,7 +49,13 @@ from starlette.types import Send
 
 from clawrl.chat import ChatMessage, ParsedCompletion, ToolCall, ToolChoice, ToolSpec
 from clawrl.engine import SamplingParams, TokenEvent
-from clawrl.errors import ClientInputError, ContextLengthError, EngineError, StoreError
+from clawrl.errors import (
+    ClientInputError,
+    ContextLengthError,
+    EngineError,
+    MaxTokensBeyondContextError,
+    StoreError,
+)
 from clawrl.gateway.attribution import (
     ExplicitSession,
     agent_facts,
@@ -104,6 +110,9 @@ class CallRequest:
             notes such as ``ignored_tool:web_search``, stream, ...).
         requested_model: the ``model`` the client asked for.
         rename_call: tool-call id mapping (:data:`RenameCall`).
+        max_tokens_param: the field that set the completion budget (``max_tokens``,
+            ``max_completion_tokens``, ``max_output_tokens``); ``None`` when the gateway's
+            default applies (then capped at what fits, never refused).
     """
 
     protocol: ApiProtocol
@@ -117,6 +126,7 @@ class CallRequest:
     facts: dict[str, Any] = field(default_factory=dict)
     requested_model: str | None = None
     rename_call: RenameCall = _same_id
+    max_tokens_param: str | None = None
 
 
 @dataclass
@@ -265,7 +275,9 @@ async def start_call(gw: GatewayState, request: Request, req: CallRequest) -> Ca
 
     Raises:
         ClientInputError: (400) the template rejects the conversation.
-        ContextLengthError: (400) the prompt does not fit the context (recorded as an error turn).
+        ContextLengthError: (400) the prompt does not fit the context, or not with the
+            ``max_tokens`` the client set (:class:`MaxTokensBeyondContextError`, unless
+            ``sampling.max_tokens_beyond_context`` is ``clamp``); recorded as an error turn.
         StoreError: the store could not be read or written.
     """
     started, created = time.perf_counter(), time.time()
@@ -312,8 +324,17 @@ async def start_call(gw: GatewayState, request: Request, req: CallRequest) -> Ca
         req.params, prepared.sampling_seed, prepared.prompt_ids, prepared.sampling_attempt
     )
     call = Call(ctx, [ChoiceResult(index=i, params=p) for i, p in enumerate(params)])
-    if len(prepared.prompt_ids) >= gw.engine.max_context:
-        exc = ContextLengthError(len(prepared.prompt_ids), gw.engine.max_context)
+    prompt_len, window = len(prepared.prompt_ids), gw.engine.max_context
+    asked = max(p.max_tokens for p in params)
+    exc: ContextLengthError | None = None
+    if prompt_len >= window:
+        exc = ContextLengthError(prompt_len, window)
+    elif req.max_tokens_param and prompt_len + asked > window:
+        if gw.defaults.max_tokens_beyond_context == "refuse":
+            exc = MaxTokensBeyondContextError(prompt_len, asked, window, req.max_tokens_param)
+        else:
+            sampling["max_tokens_clamped_to"] = window - prompt_len
+    if exc is not None:
         await record_failure(gw, ctx, call.choices, exc)
         raise exc
     return call

@@ -162,6 +162,7 @@ async def create_message(body: MessagesRequest, request: Request) -> Response:
         tools=conv.tools,
         tool_choice=conv.tool_choice,
         params=[sampling_params(body, gw)],
+        max_tokens_param="max_tokens" if body.max_tokens else None,
         parallel_tool_calls=conv.parallel_tool_calls,
         explicit=explicit,
         facts={

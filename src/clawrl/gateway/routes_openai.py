@@ -53,6 +53,7 @@ from clawrl.gateway.schemas import (
     check_supported,
     include_usage,
     max_new_tokens,
+    max_tokens_field,
     stop_strings,
 )
 from clawrl.gateway.state import GatewayState
@@ -107,6 +108,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         tools=tools,
         tool_choice=normalize_tool_choice(body.tool_choice, tools),
         params=[sampling_params(body, gw, i) for i in range(body.n)],
+        max_tokens_param=max_tokens_field(body),
         parallel_tool_calls=body.parallel_tool_calls is not False,
         explicit=explicit_session(
             request.path_params.get("session_id"),

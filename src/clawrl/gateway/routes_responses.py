@@ -188,6 +188,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
         tools=conv.tools,
         tool_choice=conv.tool_choice,
         params=[sampling_params(body, gw)],
+        max_tokens_param="max_output_tokens" if body.max_output_tokens else None,
         parallel_tool_calls=body.parallel_tool_calls is not False,
         explicit=explicit,
         side_kind=side_kind_from_headers(request.headers),

@@ -148,6 +148,15 @@ def max_new_tokens(req: ChatCompletionRequest, default: int) -> int:
     return min(given) if given else default
 
 
+def max_tokens_field(req: ChatCompletionRequest) -> str | None:
+    """The field that set :func:`max_new_tokens`'s budget; ``None`` for the default."""
+    if req.max_completion_tokens is not None and (
+        req.max_tokens is None or req.max_completion_tokens <= req.max_tokens
+    ):
+        return "max_completion_tokens"
+    return "max_tokens" if req.max_tokens is not None else None
+
+
 def include_usage(req: ChatCompletionRequest) -> bool:
     """Whether a streamed response ends with a usage chunk."""
     return bool(req.stream_options and req.stream_options.include_usage)

@@ -58,6 +58,12 @@ class ExternalAdapter:
         return Launch(argv, env, _limits(ctx), install_root(self.program))
 
 
+HARNESS_MAX_TOKENS = 1024
+"""The completion budget clawrl configures a harness to ask for, where the harness has a setting:
+prompt plus budget must fit the policy's context, or the gateway answers 400 like OpenAI and
+Anthropic (``sampling.max_tokens_beyond_context = "clamp"`` generates what fits instead)."""
+
+
 class ClaudeCodeAdapter(ExternalAdapter):
     """Claude Code: Anthropic Messages at ``ANTHROPIC_BASE_URL`` (the gateway's prefix)."""
 
@@ -72,6 +78,9 @@ class ClaudeCodeAdapter(ExternalAdapter):
             "ANTHROPIC_MODEL": ctx.model,
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
             "DISABLE_TELEMETRY": "1",
+            # its default budget (32000) exceeds a small policy's context with any prompt: the
+            # gateway refuses such calls like Anthropic does (sampling.max_tokens_beyond_context)
+            "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(HARNESS_MAX_TOKENS),
         }
         argv = [self.program, "-p", ctx.instruction, "--allowedTools", "Bash"]
         return self._launch(argv, env, ctx)
@@ -122,7 +131,7 @@ class OpenClawAdapter(ExternalAdapter):
             "baseUrl": f"{session_base(sandbox, ctx)}/v1",
             "apiKey": "x",
             "api": "openai-completions",
-            "models": [{"id": ctx.model, "maxTokens": 8192}],
+            "models": [{"id": ctx.model, "maxTokens": HARNESS_MAX_TOKENS}],
         }
         config = {"models": {"providers": {"local": provider}}}
         write_text(sandbox.home / ".openclaw" / "openclaw.json", json.dumps(config, indent=2))
