@@ -24,7 +24,8 @@ seven architectures, ``tiny:ARCH``, hidden size ``--tiny-hidden``, ``--tiny-laye
 Concurrency (first model only, ``--concurrency``): generated tokens/s of the engine serving N
 requests at once, beside ``generate`` serving them one at a time; ``--vllm`` adds a vLLM server
 clawrl launches (``scripts/install_vllm.sh``) or ``--vllm-url``, measured after the in-process
-engine is closed.
+engine is closed: through clawrl's vLLM engine, and driven directly by a bare ``httpx`` client
+sending the same request bodies (``direct_tok_s``) to the same server, alternating.
 
     .venv/bin/python benchmarks/engine_throughput.py [--models smollm2-135m,tiny:gemma3]
         [--new-tokens 64] [--rounds 3] [--vllm | --vllm-url URL]
@@ -109,6 +110,30 @@ def engine_tok_s(engine: Engine, ps: list[list[int]], new: int) -> float:
         dt = time.perf_counter() - t
         assert all(len(o.token_ids) == new for o in outs)
         return sum(len(o.token_ids) for o in outs) / dt
+
+    return asyncio.run(go())
+
+
+def direct_tok_s(url: str, model: str, ps: list[list[int]], new: int) -> float:
+    """:func:`engine_tok_s` without clawrl: a bare ``httpx`` client posting the bodies clawrl's
+    vLLM engine sends (same prompts, sampling and log-prob settings) to the same server."""
+    import httpx
+
+    from clawrl.engine.vllm import protocol
+
+    params = SamplingParams(max_tokens=new, temperature=0.7, ignore_eos=True, seed=0)
+
+    async def go() -> float:
+        limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
+        async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+            bodies = [protocol.completion_body(model, p, params, new, stream=False) for p in ps]
+            t = time.perf_counter()
+            rs = await asyncio.gather(*[client.post(f"{url}/v1/completions", json=b)
+                                        for b in bodies])  # fmt: skip
+            dt = time.perf_counter() - t
+        n = [len(r.json()["choices"][0]["token_ids"]) for r in rs]
+        assert all(k == new for k in n), n
+        return sum(n) / dt
 
     return asyncio.run(go())
 
@@ -253,9 +278,11 @@ def concurrency(policy: Any, args: argparse.Namespace, levels: list[int]) -> dic
         vllm = VLLMEngine([url], policy.tokenizer)
         try:
             engine_tok_s(vllm, prompts(policy, 1), 8)
-            table["vLLM"] = [
-                engine_tok_s(vllm, prompts(policy, n), args.new_tokens) for n in levels
-            ]
+            table["vLLM via clawrl"], table["vLLM direct"] = [], []
+            for n in levels:  # alternating, so load drifts hit both alike
+                ps = prompts(policy, n)
+                table["vLLM via clawrl"].append(engine_tok_s(vllm, ps, args.new_tokens))
+                table["vLLM direct"].append(direct_tok_s(url, vllm.base_name, ps, args.new_tokens))
         finally:
             vllm.close()
             if server is not None:
@@ -281,6 +308,8 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,4,16", help="levels for the first model ('' off)")
     ap.add_argument("--vllm", action="store_true", help="add a vLLM column (launches a server)")
     ap.add_argument("--vllm-url", help="a running vLLM server of the first model")
+    ap.add_argument("--concurrency-only", action="store_true",
+                    help="only the concurrency table (first model)")  # fmt: skip
     args = ap.parse_args()
     quiet_transformers()
     specs = [s for s in args.models.split(",") if s]
@@ -292,9 +321,11 @@ def main() -> None:
     print(head)
     print("-" * len(head))
     first: Any = None
-    for spec in specs:
+    for spec in specs[:1] if args.concurrency_only else specs:
         policy = in_thread(lambda spec=spec: load(spec, args))
         first = first or policy
+        if args.concurrency_only:
+            continue
         s = one_stream(policy, args)
         added = gateway_added(policy, args)
         ratio = statistics.median(s["engine"]) / statistics.median(s["generate"])

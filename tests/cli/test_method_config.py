@@ -182,3 +182,20 @@ def test_a_method_table_without_kind_is_refused_clearly():
 def test_a_flag_that_does_not_apply_to_the_method_is_refused():
     with pytest.raises(ConfigError, match=r"trainer\.method\.teacher"):
         config_with_flags(_serve_args(["--method", "rl", "--teacher", "base"]))
+
+
+def test_demo_takes_the_engine_flags():
+    """``clawrl demo --engine vllm --vllm-url URL`` runs the demo's rollouts, evaluation and
+    teacher scoring on that server (issue 38); a vLLM flag with the in-process engine is refused."""
+    from clawrl.cli import build_parser
+    from clawrl.cli.demo import demo_config
+    from clawrl.errors import ConfigError
+
+    parser = build_parser()
+    args = parser.parse_args(["demo", "--quick", "--engine", "vllm", "--vllm-url", "http://h:1"])
+    cfg = demo_config(args)
+    assert cfg.engine.backend == "vllm" and cfg.engine.vllm_urls == ["http://h:1"]
+    assert demo_config(parser.parse_args(["demo"])).engine.backend == "transformers"
+    bad = parser.parse_args(["demo", "--engine", "transformers", "--vllm-url", "http://h:1"])
+    with pytest.raises(ConfigError, match="--engine vllm"):
+        demo_config(bad)

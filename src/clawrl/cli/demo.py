@@ -5,16 +5,19 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from clawrl.cli.common import (
     MODEL_HELP,
     add_config_options,
     add_model_options,
-    config_from_args,
     quiet_transformers,
     with_model_flags,
 )
+from clawrl.cli.options import add_engine_options, apply_engine_flags
+
+if TYPE_CHECKING:
+    from clawrl.config import Config
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -39,6 +42,7 @@ config.toml (what ran), results.json, and each run's store and trained adapter u
         "  clawrl demo --quick                  # a 4-step first look\n"
         "  clawrl demo --compare rl,opd,combine --seeds 3\n"
         "  clawrl demo teacher\n"
+        "  clawrl demo --quick --engine vllm    # rollouts, evaluation, scoring on a vLLM server\n"
         "  clawrl demo --scenario my_scenario.toml",
     )
     p.add_argument("scenario", nargs="?", default="student",
@@ -87,7 +91,21 @@ config.toml (what ran), results.json, and each run's store and trained adapter u
         p, model_help=MODEL_HELP + " (the scenario's user, judge and rubric stay the same)"
     )
     add_config_options(p)
+    add_engine_options(p)
     p.set_defaults(func=run)
+
+
+def demo_config(args: argparse.Namespace) -> Config:
+    """``--config`` and ``--set``, then the engine and model flags that were given.
+
+    Raises:
+        ConfigError: a malformed setting, or a vLLM flag with ``--engine transformers``.
+    """
+    from clawrl.config import load_raw, validate_config
+
+    data = load_raw(args.config, args.overrides)
+    apply_engine_flags(data, args)
+    return with_model_flags(validate_config(data), args)
 
 
 def run_shape(args: argparse.Namespace) -> tuple[int, int, int | None, tuple[int, int, int]]:
@@ -119,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     from clawrl.envs import load_scenario
 
     logging.getLogger("clawrl").setLevel(logging.ERROR)
-    cfg = with_model_flags(config_from_args(args), args)
+    cfg = demo_config(args)
     scenario = args.scenario_file or args.scenario
     spec = load_scenario(scenario)  # a malformed file fails here, before any model loads
     methods = tuple(m.strip() for m in (args.compare or args.method).split(",") if m.strip())

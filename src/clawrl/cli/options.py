@@ -173,6 +173,31 @@ def config_with_flags(args: argparse.Namespace, *, default_method: str | None = 
     return validate_config(data)
 
 
+def apply_engine_flags(data: dict[str, Any], args: argparse.Namespace) -> None:
+    """Merge :func:`add_engine_options`' flags that were given into raw settings ``data``.
+
+    Raises:
+        ConfigError: a vLLM flag with ``--engine transformers``.
+    """
+    engine = data.setdefault("engine", {})
+    if getattr(args, "engine", None):
+        engine["backend"] = args.engine
+    for flag, key in (("vllm_url", "vllm_urls"), ("vllm_arg", "vllm_args")):
+        values = getattr(args, flag, None)
+        if values:
+            engine[key] = list(values)
+    if getattr(args, "vllm_python", None):
+        engine["vllm_python"] = args.vllm_python
+    vllm_flags = [f"--{f.replace('_', '-')}" for f in ("vllm_url", "vllm_arg", "vllm_python")
+                  if getattr(args, f, None)]  # fmt: skip
+    if vllm_flags and engine.get("backend", "vllm") != "vllm":
+        verb = "needs" if len(vllm_flags) == 1 else "need"
+        raise ConfigError(f"{', '.join(vllm_flags)} {verb} the vLLM engine, but the engine is "
+                          f"{engine['backend']!r} (--engine vllm, or drop them)")  # fmt: skip
+    if (engine.get("vllm_urls") or engine.get("vllm_args")) and "backend" not in engine:
+        engine["backend"] = "vllm"
+
+
 def apply_flags(
     data: dict[str, Any], args: argparse.Namespace, *, default_method: str | None = None
 ) -> None:
@@ -222,23 +247,7 @@ def apply_flags(
         server = data.setdefault("server", {})
         if isinstance(server, dict):
             server["external_trainer"] = True
-    engine = data.setdefault("engine", {})
-    if getattr(args, "engine", None):
-        engine["backend"] = args.engine
-    for flag, key in (("vllm_url", "vllm_urls"), ("vllm_arg", "vllm_args")):
-        values = getattr(args, flag, None)
-        if values:
-            engine[key] = list(values)
-    if getattr(args, "vllm_python", None):
-        engine["vllm_python"] = args.vllm_python
-    vllm_flags = [f"--{f.replace('_', '-')}" for f in ("vllm_url", "vllm_arg", "vllm_python")
-                  if getattr(args, f, None)]  # fmt: skip
-    if vllm_flags and engine.get("backend", "vllm") != "vllm":
-        verb = "needs" if len(vllm_flags) == 1 else "need"
-        raise ConfigError(f"{', '.join(vllm_flags)} {verb} the vLLM engine, but the engine is "
-                          f"{engine['backend']!r} (--engine vllm, or drop them)")  # fmt: skip
-    if (engine.get("vllm_urls") or engine.get("vllm_args")) and "backend" not in engine:
-        engine["backend"] = "vllm"
+    apply_engine_flags(data, args)
     judge = data.setdefault("judge", {})
     if getattr(args, "judge", None):
         backend: dict[str, Any] = {"kind": args.judge}

@@ -1,0 +1,138 @@
+"""Serving latency on vLLM while the online loop trains with Combined (Binary RL + OPD), beside
+the same server idle, in one run.
+
+    .venv/bin/python benchmarks/vllm_online.py [--steps 4] [--probes 20]
+
+Needs vLLM (``make vllm``). Launches one vLLM server of the embedded model (float32, clawrl's
+plugin loaded), then:
+
+* **idle**: a clawrl gateway over it with no training; an ``openai`` SDK client sends
+  ``--probes`` short chat completions (8 tokens, greedy), one after another;
+* **training**: the student demo's live schedule on the same server (``clawrl demo --schedule
+  async --engine vllm --vllm-url URL``: simulated users talk to the gateway, the head judge judges,
+  the learner steps with Combined, the OPD teacher scores on vLLM, each step's adapter is loaded
+  into the server), while the same client sends the same short requests to the demo's gateway
+  until ``--steps`` steps are done.
+
+Prints p50 / p99 / max of the short requests' latency in both phases, their ratio (the target:
+p99 with training on <= 2x idle), the training steps done and the wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import threading
+import time
+
+from clawrl.cli.common import quiet_transformers
+
+SHORT = [{"role": "user", "content": "Say hi in three words."}]
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
+
+
+def _probe(url: str, stop: threading.Event, out: list[float], n: int | None = None) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=600)
+    while not stop.is_set() and (n is None or len(out) < n):
+        t = time.perf_counter()
+        try:
+            client.chat.completions.create(model="policy", messages=SHORT, max_tokens=8,
+                                           temperature=0.0)  # fmt: skip
+        except openai.APIError as e:  # a failure is reported, never timed as a result
+            print(f"probe failed: {e}", flush=True)
+            continue
+        out.append(time.perf_counter() - t)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--steps", type=int, default=4, help="training steps to run (4)")
+    ap.add_argument("--batch-size", type=int, default=4, help="samples per step (4)")
+    ap.add_argument("--probes", type=int, default=20, help="short requests when idle (20)")
+    args = ap.parse_args()
+    quiet_transformers()
+    import logging
+
+    logging.getLogger("clawrl").setLevel(logging.ERROR)
+
+    from clawrl.config import validate_config
+    from clawrl.demo import DemoSettings, run_demo
+    from clawrl.engine.vllm import VLLMEngine, VLLMServer
+    from clawrl.gateway import create_app
+    from clawrl.gateway.server import LiveServer
+    from clawrl.models import load_policy
+    from clawrl.store import Store
+
+    policy = load_policy("smollm2-135m")
+    with tempfile.TemporaryDirectory(prefix="clawrl-bench-") as tmp:
+        server = VLLMServer(policy.path, run_dir=f"{tmp}/vllm",
+                            extra_args=["--dtype", "float32", "--max-model-len", "4096"])  # fmt: skip
+        t0 = time.perf_counter()
+        url = server.start()
+        print(f"vLLM server up in {time.perf_counter() - t0:.0f} s ({url})", flush=True)
+        try:
+            # idle: a gateway over the server, nothing training
+            engine = VLLMEngine([url], policy.tokenizer)
+            store = Store(f"{tmp}/idle.db")
+            gateway = LiveServer(create_app(engine, policy.tokenizer, store)).start()
+            idle: list[float] = []
+            try:
+                _probe(gateway.base_url.removesuffix("/v1"), threading.Event(), [], 2)  # warm-up
+                _probe(gateway.base_url.removesuffix("/v1"), threading.Event(), idle, args.probes)
+            finally:
+                gateway.stop()
+                engine.close()
+                store.close()
+            print(f"idle: {len(idle)} short requests, p50 {statistics.median(idle):.2f} s",
+                  flush=True)  # fmt: skip
+
+            # training: the demo's live schedule on the same server, probed meanwhile
+            cfg = validate_config({"engine": {"backend": "vllm", "vllm_urls": [url]}})
+            settings = DemoSettings(
+                methods=("combine",), steps=args.steps, eval_steps=(args.steps,),
+                batch_size=args.batch_size, eval_problems=4, out_dir=f"{tmp}/demo",
+                schedule="async",
+            )  # fmt: skip
+            stop = threading.Event()
+            during: list[float] = []
+            steps = [0]
+            started: list[float] = []
+
+            def progress(event: str, info: dict) -> None:
+                if event == "server" and not started:
+                    started.append(time.perf_counter())
+                    base = info["url"].removesuffix("/dashboard")
+                    threading.Thread(target=_probe, args=(base, stop, during),
+                                     daemon=True).start()  # fmt: skip
+                elif event == "sessions":
+                    steps[0] = info["status"].steps
+                    if steps[0] >= args.steps:
+                        stop.set()  # the final evaluation is not training
+
+            t1 = time.perf_counter()
+            run_demo(settings, cfg, progress=progress)
+            stop.set()
+            wall = time.perf_counter() - t1
+        finally:
+            server.stop()
+    if not during:
+        raise SystemExit("no short request finished while training ran")
+    print(f"\nshort requests (8 tokens, greedy) through clawrl's gateway on one vLLM CPU server; "
+          f"Combined, batch {args.batch_size}, {steps[0]} steps in {wall / 60:.1f} min")  # fmt: skip
+    print(f"{'phase':<18} {'n':>4} {'p50 s':>7} {'p99 s':>7} {'max s':>7}")
+    for name, xs in (("idle", idle), ("training", during)):
+        print(f"{name:<18} {len(xs):>4} {statistics.median(xs):>7.2f} {_pct(xs, 0.99):>7.2f} "
+              f"{max(xs):>7.2f}")  # fmt: skip
+    ratio = _pct(during, 0.99) / _pct(idle, 0.99)
+    print(f"p99 training / idle: {ratio:.1f}x (target <= 2x)")
+
+
+if __name__ == "__main__":
+    main()
