@@ -18,7 +18,7 @@ import torch
 
 from clawrl.config import TrainerConfig
 from clawrl.engine import SamplingParams
-from clawrl.engine.vllm import VLLMEngine
+from clawrl.engine.vllm import VLLMEngine, protocol
 from clawrl.errors import EngineUnavailableError
 from clawrl.trainer import Trainer, TrainSample, collate, token_logprobs
 
@@ -127,6 +127,12 @@ def test_teacher_scoring_at_a_temperature_is_one_exact_request(vllm_server, embe
             want = asyncio.run(local.score(p, a, temperature=0.7))
             assert len(got) == len(a) == 24
             assert max(abs(x - y) for x, y in zip(got, want, strict=True)) < 1e-3
+        # a bad value is the client's 400 (checked in the API server), the server keeps serving
+        bad = protocol.prompt_logprobs_body("base", prompts[0], answers[0][:2], 0.7)
+        bad["vllm_xargs"] = {"clawrl_prompt_temperature": 0}
+        r = httpx.post(f"{vllm_server.url}/v1/completions", json=bad, timeout=60)
+        assert r.status_code == 400 and "clawrl_prompt_temperature" in r.text
+        assert httpx.get(f"{vllm_server.url}/health").status_code == 200
         # not the temperature-1 values: T matters for these answers
         at_one = asyncio.run(local.score(prompts[0], answers[0], temperature=1.0))
         assert max(abs(x - y) for x, y in zip(scored, at_one, strict=True)) > 1e-2

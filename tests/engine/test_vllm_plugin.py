@@ -73,7 +73,9 @@ def _runner(temps: dict[str, float | None], lengths: dict[str, int]):
     runner = SimpleNamespace(
         model=_Model(weight),
         num_prompt_logprobs={r: 0 for r in ids},
-        input_batch=SimpleNamespace(req_id_to_index={r: i for i, r in enumerate(ids)}),
+        input_batch=SimpleNamespace(
+            req_id_to_index={r: i for i, r in enumerate(ids)}, num_reqs=len(ids)
+        ),
         query_start_loc=SimpleNamespace(np=starts),
         requests={},
     )
@@ -96,6 +98,39 @@ def test_the_wrapper_scales_only_the_requests_that_ask():
     assert torch.allclose(got["a"], torch.log_softmax(hidden[0:2] @ w / 0.5, -1))
     assert torch.allclose(got["c"], torch.log_softmax(hidden[7:11] @ w / 2.0, -1))
     assert "compute_logits" not in runner.model.__dict__  # the method is restored
+
+
+def test_a_chunked_prefill_scales_each_chunk_and_skips_a_chunk_with_no_position_left():
+    """With chunked prefill a request's prompt log-probs come over several steps; a last chunk
+    may compute no prompt position (vLLM asks for no logits then)."""
+    runner, hidden, scheduled = _runner({"a": 0.5, "b": 2.0}, {"a": 3, "b": 3})
+    runner.requests["a"].prompt_token_ids = [0] * 9
+    runner.requests["a"].num_computed_tokens = 5  # 3 more this step: positions 5..7
+    runner.requests["b"].prompt_token_ids = [0] * 4
+    runner.requests["b"].num_computed_tokens = 3  # its last chunk: no position left
+    got = server_plugin._wrap(_original)(runner, hidden, scheduled)
+    w = runner.model.weight
+    assert set(got) == {"a"}
+    assert torch.allclose(got["a"], torch.log_softmax(hidden[0:3] @ w / 0.5, -1))
+
+
+@pytest.mark.parametrize("value", [0, -1.0, float("nan"), float("inf"), "0.7", True, None])
+def test_a_temperature_that_is_not_a_finite_positive_number_is_refused(value):
+    if value is None:
+        assert server_plugin._temperature(SimpleNamespace(sampling_params=None)) is None
+        return
+    with pytest.raises(ValueError, match=server_plugin.NAME):
+        server_plugin._valid(value)
+
+
+def test_plugin_dir_replaces_another_versions_record(tmp_path):
+    old = tmp_path / f"{server_plugin.MODULE}-0.dist-info"
+    old.mkdir()
+    (old / "entry_points.txt").write_text("[vllm.general_plugins]\nx = y:z\n")
+    server_plugin.plugin_dir(tmp_path)
+    assert sorted(p.name for p in tmp_path.glob("*.dist-info")) == [
+        f"{server_plugin.MODULE}-{server_plugin.VERSION}.dist-info"
+    ]
 
 
 def test_a_slice_the_wrapper_cannot_place_fails_the_step():

@@ -359,14 +359,15 @@ class VLLMEngine:
                     "kwargs": {"weights_path": str(current.weights)},
                 }
                 await self._rpc(replica, "/collective_rpc", body, timeout=600.0)
-            replica.synced_version = target
-            # a restarted server may have lost (or gained) clawrl's plugin
+            # a restarted server may have lost (or gained) clawrl's plugin: probed before it
+            # counts as synced (a synced replica may be picked)
             had = replica.prompt_temperature
             replica.prompt_temperature = await check_prompt_temperature(
                 self._client, replica.url, self.base_name, temperature_probe_ids(self.tokenizer)
             )
             if had != replica.prompt_temperature:
                 self._say_scoring(replica)
+            replica.synced_version = target
 
     async def _rpc(
         self, replica: Replica, path: str, body: dict[str, Any], *, timeout: float = 120.0

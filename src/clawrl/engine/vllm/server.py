@@ -239,6 +239,12 @@ class VLLMServer:
                     return
                 log.error("vLLM server %s restart %d failed: %s", self.url, self.restarts,
                           str(e).splitlines()[0])  # fmt: skip
+                failed = self.process
+                if failed is not None:  # one that hangs: killed, so the next pass restarts it
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(failed.pid, signal.SIGKILL)
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        failed.wait(timeout=10)
                 continue
             up_since = time.monotonic()
             log.warning("vLLM server %s restarted (restart %d, pid %d); it serves again once "

@@ -29,14 +29,18 @@ where it starts in the step's hidden states (the method slices ``hidden_states[o
 with ``offset = query_start_loc[request index]``). On a vLLM whose method does not contain the
 lines this relies on (:data:`MARKERS`), nothing is patched and the server logs why; clawrl then
 finds the plugin inactive at start (:func:`clawrl.engine.vllm.checks.check_prompt_temperature`)
-and scores per position instead. A request with the key whose slice was not found fails (the
-step raises) rather than returning temperature-1 values.
+and scores per position instead. A value of the key that is not a finite number > 0 is refused
+where vLLM builds the request (a 400). Should a request's slice not be found at all (not seen on
+the vLLM this was written for), the step raises rather than return temperature-1 values; vLLM
+then stops its engine core, which fails every request in flight and takes the server down (a
+server clawrl launched is restarted).
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -60,16 +64,25 @@ MARKERS = (
 log = logging.getLogger("clawrl.vllm_plugin")
 
 
+def _valid(value: Any) -> float:
+    """``value`` as a temperature: a finite number > 0.
+
+    Raises:
+        ValueError: anything else.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{NAME} must be a number, got {value!r}")
+    t = float(value)
+    if not (t > 0.0 and math.isfinite(t)):
+        raise ValueError(f"{NAME} must be a finite number > 0, got {value!r}")
+    return t
+
+
 def _temperature(request: Any) -> float | None:
     params = getattr(request, "sampling_params", None)
     extra = getattr(params, "extra_args", None) or {}
     value = extra.get(NAME)
-    if value is None:
-        return None
-    t = float(value)
-    if not t > 0.0:
-        raise ValueError(f"{NAME} must be > 0, got {value!r}")
-    return t
+    return None if value is None else _valid(value)
 
 
 def _logits_punica(runner: Any) -> Any:
@@ -92,17 +105,19 @@ def _logits_punica(runner: Any) -> Any:
     return found
 
 
-def _one_sampler_index(punica: Any, index: int, fn: Any) -> Any:
+def _one_sampler_index(punica: Any, index: int, num_reqs: int, fn: Any) -> Any:
     """Run ``fn`` with the logits processor's LoRA indices reduced to request ``index``'s.
 
     vLLM 0.32's CPU kernels (``vllm/lora/ops/torch_ops`` ``bgmv_shrink``) pair the i-th row of
     the logits' input with the i-th sampler index, one per request in the batch; a prompt slice
     has one row per prompt position, so with two requests or more in the step the shapes clash
     and the engine core dies (seen: ``einsum(): subscript b has size 2 ... size 57``). One index
-    broadcasts over the slice's rows: the request's own adapter for each of its positions.
+    broadcasts over the slice's rows: the request's own adapter for each of its positions. Only
+    when there is one index per request (``num_reqs`` of them; speculative decoding repeats a
+    request's index per sampled token, and then nothing is changed).
     """
     n = punica.indices_len[1]
-    if n is None or n <= 1:
+    if n is None or n <= 1 or n != num_reqs:
         return fn()
     saved = punica._sampler_indices[:n].clone()
     punica._sampler_indices[0] = saved[index]
@@ -148,7 +163,8 @@ def _wrap(original: Any) -> Any:
             seen.add(row)
             index, t = hit
             if punica is not None:
-                logits = _one_sampler_index(punica, index, lambda: inner(h, *args, **kwargs))
+                logits = _one_sampler_index(punica, index, self.input_batch.num_reqs,
+                                            lambda: inner(h, *args, **kwargs))  # fmt: skip
             else:
                 logits = inner(h, *args, **kwargs)
             return logits if t is None else logits.to(torch.float32) / t
@@ -169,8 +185,37 @@ def _wrap(original: Any) -> Any:
     return _get_prompt_logprobs_dict
 
 
+def _validate_requests() -> None:
+    """Check the key where vLLM builds a request's ``SamplingParams`` (the API server): a bad
+    value is the client's 400 there, never an exception in the engine core (which would stop
+    the whole server)."""
+    try:
+        from vllm.exceptions import VLLMValidationError
+        from vllm.sampling_params import SamplingParams
+    except Exception as e:
+        log.warning("%s: cannot check requests (%s)", NAME, e)
+        return
+    verify = SamplingParams.__dict__.get("_verify_args")
+    if verify is None or getattr(verify, "clawrl_plugin", None):
+        return
+
+    def _verify_args(self: Any) -> None:
+        verify(self)
+        value = (self.extra_args or {}).get(NAME)
+        if value is not None:
+            try:
+                _valid(value)
+            except ValueError as e:
+                raise VLLMValidationError(str(e), parameter="vllm_xargs") from None
+
+    _verify_args.clawrl_plugin = VERSION  # type: ignore[attr-defined]
+    SamplingParams._verify_args = _verify_args  # type: ignore[method-assign]
+
+
 def register() -> None:
-    """vLLM's entry point: patch the model runner once per process (idempotent)."""
+    """vLLM's entry point: check requests' values, patch the model runner; once per process
+    (idempotent)."""
+    _validate_requests()
     try:
         from vllm.v1.worker.gpu_model_runner import GPUModelRunner
     except Exception as e:  # the API server process of a build without the V1 runner
@@ -204,6 +249,11 @@ def plugin_dir(folder: str | Path) -> Path:
     root = Path(folder)
     root.mkdir(parents=True, exist_ok=True)
     (root / f"{MODULE}.py").write_text(Path(__file__).read_text())
+    for old in root.glob(f"{MODULE}-*.dist-info"):  # another version's record: two entry points
+        if old.name != f"{MODULE}-{VERSION}.dist-info":
+            for f in old.iterdir():
+                f.unlink()
+            old.rmdir()
     info = root / f"{MODULE}-{VERSION}.dist-info"
     info.mkdir(exist_ok=True)
     (info / "METADATA").write_text(

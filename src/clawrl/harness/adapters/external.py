@@ -115,6 +115,8 @@ class QwenCodeAdapter(ExternalAdapter):
             "OPENAI_BASE_URL": f"{session_base(sandbox, ctx)}/v1",
             "OPENAI_API_KEY": "x",
             "OPENAI_MODEL": ctx.model,
+            # else min(model limit, 32000) for a model it does not know (its applyOutputTokenLimit)
+            "QWEN_CODE_MAX_OUTPUT_TOKENS": str(HARNESS_MAX_TOKENS),
         }
         argv = [self.program, "--auth-type", "openai", "--yolo", ctx.instruction]
         return self._launch(argv, env, ctx)
@@ -160,7 +162,11 @@ class OpencodeAdapter(ExternalAdapter):
             },
         }
         write_text(sandbox.home / ".config" / "opencode" / "opencode.json", json.dumps(config))
-        env = {"XDG_CONFIG_HOME": f"{sandbox.inner_home}/.config"}
+        env = {
+            "XDG_CONFIG_HOME": f"{sandbox.inner_home}/.config",
+            # else 32000 for a model without a configured limit
+            "OPENCODE_EXPERIMENTAL_OUTPUT_TOKEN_MAX": str(HARNESS_MAX_TOKENS),
+        }
         argv = [self.program, "run", "-m", f"local/{ctx.model}", "--auto", ctx.instruction]
         return self._launch(argv, env, ctx)
 
