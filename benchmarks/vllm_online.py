@@ -81,7 +81,8 @@ def main() -> None:
             # idle: a gateway over the server, nothing training
             engine = VLLMEngine([url], policy.tokenizer)
             store = Store(f"{tmp}/idle.db")
-            gateway = LiveServer(create_app(engine, policy.tokenizer, store)).start()
+            app = create_app(engine, policy.tokenizer, store, model_name="policy")
+            gateway = LiveServer(app).start()
             idle: list[float] = []
             try:
                 _probe(gateway.base_url.removesuffix("/v1"), threading.Event(), [], 2)  # warm-up
