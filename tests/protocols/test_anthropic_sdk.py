@@ -140,7 +140,10 @@ def test_beta_query_and_claude_code_fields_are_accepted(scripted):
     gw = scripted(["Hi."])
     body = {
         "model": "claude-opus",
-        "max_tokens": 128000,
+        # Claude Code sends 32000-128000: more than this policy's 8192-token context leaves,
+        # which is a 400 like Anthropic's (tests/gateway/test_max_tokens_context.py); here a
+        # budget that fits, so the fields themselves are what is tested
+        "max_tokens": 4096,
         "stream": False,
         "system": [
             {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.332.fa9;"},
@@ -176,7 +179,7 @@ def test_beta_query_and_claude_code_fields_are_accepted(scripted):
     ]
     assert sp["anthropic_beta"] == headers["anthropic-beta"]
     assert sp["notes"] == ["dropped:billing_header"]
-    assert sp["max_tokens"] == 128000
+    assert sp["max_tokens"] == 4096
     assert [m["role"] for m in turn.request_messages] == ["system", "user", "system"]
     prompt = gw.engine.tokenizer.decode(turn.prompt_ids)
     assert "billing-header" not in prompt and "# Environment" in prompt
