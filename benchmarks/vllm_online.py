@@ -15,7 +15,20 @@ plugin loaded), then:
   until ``--steps`` steps are done.
 
 Prints p50 / p99 / max of the short requests' latency in both phases, their ratio (the target:
-p99 with training on <= 2x idle), the training steps done and the wall time.
+p99 with training on <= 2x idle), the training steps done and the wall time. The demo scores
+the OPD teacher where ``trainer.teacher_scoring`` says (``--teacher-scoring``; default ``auto``:
+the trainer, on vLLM).
+
+    .venv/bin/python benchmarks/vllm_online.py --decompose [--phase-s 60]
+
+takes the load apart instead, on one server, each phase ``--phase-s`` seconds: short requests
+(8 tokens, greedy, one every second, through clawrl's vLLM engine) while nothing else runs; while
+clawrl's process computes training steps (forward + backward + AdamW of the policy on 4 x 512
+tokens, in a loop); while bursts of 8 teacher-scoring requests (700-token prompts, 256 target
+tokens, T = 0.7) run on the server, with scoring not yielding (``scoring_defer_s = 0``, 64 in
+flight) and yielding (clawrl's defaults, :mod:`clawrl.engine.vllm.yielding`); and while the
+trainer scores the same bursts itself (their forward pass in clawrl's process, nothing on the
+server).
 """
 
 from __future__ import annotations
@@ -56,8 +69,21 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4, help="training steps to run (4)")
     ap.add_argument("--batch-size", type=int, default=4, help="samples per step (4)")
     ap.add_argument("--probes", type=int, default=20, help="short requests when idle (20)")
+    ap.add_argument(
+        "--teacher-scoring",
+        default="auto",
+        choices=["auto", "engine", "trainer"],
+        help="where the demo scores the OPD teacher (auto: the trainer, on vLLM)",
+    )
+    ap.add_argument(
+        "--decompose", action="store_true", help="take the load apart instead (see above)"
+    )
+    ap.add_argument("--phase-s", type=float, default=60.0, help="seconds per phase (--decompose)")
     args = ap.parse_args()
     quiet_transformers()
+    if args.decompose:
+        decompose(args.phase_s)
+        return
     import logging
 
     logging.getLogger("clawrl").setLevel(logging.ERROR)
@@ -95,7 +121,12 @@ def main() -> None:
                   flush=True)  # fmt: skip
 
             # training: the demo's live schedule on the same server, probed meanwhile
-            cfg = validate_config({"engine": {"backend": "vllm", "vllm_urls": [url]}})
+            cfg = validate_config(
+                {
+                    "engine": {"backend": "vllm", "vllm_urls": [url]},
+                    "trainer": {"teacher_scoring": args.teacher_scoring},
+                }
+            )
             settings = DemoSettings(
                 methods=("combine",), steps=args.steps, eval_steps=(args.steps,),
                 batch_size=args.batch_size, eval_problems=4, out_dir=f"{tmp}/demo",
@@ -126,13 +157,105 @@ def main() -> None:
     if not during:
         raise SystemExit("no short request finished while training ran")
     print(f"\nshort requests (8 tokens, greedy) through clawrl's gateway on one vLLM CPU server; "
-          f"Combined, batch {args.batch_size}, {steps[0]} steps in {wall / 60:.1f} min")  # fmt: skip
+          f"Combined, batch {args.batch_size}, {steps[0]} steps in {wall / 60:.1f} min, "
+          f"teacher scoring: {args.teacher_scoring}")  # fmt: skip
     print(f"{'phase':<18} {'n':>4} {'p50 s':>7} {'p99 s':>7} {'max s':>7}")
     for name, xs in (("idle", idle), ("training", during)):
         print(f"{name:<18} {len(xs):>4} {statistics.median(xs):>7.2f} {_pct(xs, 0.99):>7.2f} "
               f"{max(xs):>7.2f}")  # fmt: skip
     ratio = _pct(during, 0.99) / _pct(idle, 0.99)
     print(f"p99 training / idle: {ratio:.1f}x (target <= 2x)")
+
+
+def decompose(phase_s: float) -> None:
+    """One server; short requests while each load runs alone (module doc)."""
+    import asyncio
+    import random
+
+    import torch
+
+    from clawrl.engine.types import SamplingParams
+    from clawrl.engine.vllm import VLLMEngine, VLLMServer
+    from clawrl.models import load_policy
+
+    policy = load_policy("smollm2-135m")
+    tok = policy.tokenizer
+    prompt = tok.encode("Say hi in three words.")
+    rng = random.Random(0)
+    burst = [([rng.randrange(1000, 20000) for _ in range(700)],
+              [rng.randrange(1000, 20000) for _ in range(256)]) for _ in range(8)]  # fmt: skip
+
+    def training(engine: VLLMEngine, stop: threading.Event) -> None:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(policy.path, dtype=torch.float32)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+        x = torch.randint(0, 1000, (4, 512))
+        while not stop.is_set():
+            model(input_ids=x, labels=x).loss.backward()
+            opt.step()
+            opt.zero_grad()
+
+    def scoring(engine: VLLMEngine, stop: threading.Event) -> None:
+        while not stop.is_set():
+            asyncio.run(engine.score_batch(burst, temperature=0.7))
+
+    def trainer_scoring(engine: VLLMEngine, stop: threading.Event) -> None:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(policy.path, dtype=torch.float32).eval()
+        x = torch.tensor([p + t for p, t in burst])
+        while not stop.is_set():
+            with torch.no_grad():
+                for row in x:  # one sample at a time, as the trainer's micro-batches of 1
+                    torch.log_softmax(model(input_ids=row[None]).logits.float() / 0.7, -1)
+
+    with tempfile.TemporaryDirectory(prefix="clawrl-bench-") as tmp:
+        server = VLLMServer(policy.path, run_dir=f"{tmp}/vllm",
+                            extra_args=["--dtype", "float32", "--max-model-len", "4096"])  # fmt: skip
+        url = server.start()
+        rows = []
+        try:
+            phases = [
+                ("nothing else", None, {}),
+                ("training steps in clawrl", training, {}),
+                ("teacher scoring on vLLM, not yielding", scoring,
+                 {"scoring_defer_s": 0.0, "scoring_slots": 64}),
+                ("teacher scoring on vLLM, yielding", scoring, {}),
+                ("teacher scoring by the trainer", trainer_scoring, {}),
+            ]  # fmt: skip
+            for name, load, kwargs in phases:
+                engine = VLLMEngine([url], tok, **kwargs)
+                stop, out = threading.Event(), []
+                worker = None
+                if load is not None:
+                    worker = threading.Thread(target=load, args=(engine, stop), daemon=True)
+                    worker.start()
+                    time.sleep(3)
+                t_end = time.perf_counter() + phase_s
+                while time.perf_counter() < t_end:
+                    t = time.perf_counter()
+                    asyncio.run(engine.generate(prompt, SamplingParams(max_tokens=8,
+                                                                       temperature=0.0)))  # fmt: skip
+                    out.append(time.perf_counter() - t)
+                    time.sleep(1.0)
+                stop.set()
+                if worker is not None:
+                    worker.join()
+                gate = engine.replicas[0].scoring
+                rows.append((name, out, gate.preempted if gate else 0))
+                engine.close()
+                print(f"{name}: n {len(out)}, p50 {statistics.median(out):.2f} s", flush=True)
+        finally:
+            server.stop()
+    idle = _pct(rows[0][1], 0.99)
+    print("\nshort requests (8 tokens, greedy, one a second) on one vLLM CPU server, "
+          f"{phase_s:.0f} s per phase")  # fmt: skip
+    print(f"{'meanwhile':<40} {'n':>4} {'p50 s':>7} {'p99 s':>7} {'max s':>7} {'p99/idle':>8} "
+          f"{'preempted':>9}")  # fmt: skip
+    for name, xs, pre in rows:
+        print(f"{name:<40} {len(xs):>4} {statistics.median(xs):>7.2f} {_pct(xs, 0.99):>7.2f} "
+              f"{max(xs):>7.2f} {_pct(xs, 0.99) / idle:>7.1f}x {pre:>9}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -101,6 +101,7 @@ def _vllm_engine(policy: Policy, config: Config) -> Engine:
         return VLLMEngine(
             urls, policy.tokenizer, eos_token_ids=policy_eos_ids(policy),
             max_context=ec.max_context, api_key=ec.vllm_api_key,
+            scoring_defer_s=ec.scoring_defer_s, scoring_slots=ec.scoring_slots,
             publish_dir=Path(config.trainer.output_dir) / "vllm-weights", on_close=on_close,
         )  # fmt: skip
     except BaseException:

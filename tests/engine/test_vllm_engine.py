@@ -103,7 +103,9 @@ def test_teacher_scoring_at_a_temperature_is_one_exact_request(vllm_server, embe
 
     tok = embedded_policy.tokenizer
     counter = _CountingTransport()
-    engine = VLLMEngine([vllm_server.url], tok, transport=counter)
+    # scoring_defer_s=0: scoring does not give way to the generation below, so both share the
+    # server's steps (the batch that crashed vLLM's CPU LoRA kernels before the plugin's fix)
+    engine = VLLMEngine([vllm_server.url], tok, transport=counter, scoring_defer_s=0)
     local = TransformersEngine(embedded_policy.model, eos_token_ids=[tok.eos_token_id],
                                max_context=2048)  # fmt: skip
     try:

@@ -256,3 +256,41 @@ def test_a_step_whose_writes_failed_is_finished_by_the_retry_not_trained_again(
     else:
         assert nxt is not None and nxt["policy/version"] == 2.0
         assert all(store.get_sample(t).policy_version == 2 for t in extra)
+
+
+def test_the_trainer_scores_the_teacher_at_step_time_when_asked(world, monkeypatch):
+    """``trainer.teacher_scoring = trainer``: nothing is scored on the engine when turns are
+    collected; the step's hinted samples get the trainer's teacher log-probs, which equal the
+    engine's for the same weights (version 0 here)."""
+    from clawrl.trainer.online import teacher_on_trainer
+    from clawrl.trainer.samples import teacher_prompt_ids
+
+    policy, engine, store, tmp = world
+    hinted = _record(policy, engine, store, 2, score=None, hint="Answer in one word.")
+    config = TrainerConfig(method="opd", lr=1e-3, batch_size=2, teacher_scoring="trainer")
+    learner = OnlineLearner(store, engine, policy.tokenizer, Trainer(policy.model, config, tmp / "o"),
+                            MetricsWriter(tmp / "o", tensorboard=False))  # fmt: skip
+    assert learner.teacher_on_trainer and not teacher_on_trainer("auto", engine)
+    scored: list = []
+    monkeypatch.setattr(engine, "score", lambda *a, **k: scored.append(a))  # must not be called
+    assert asyncio.run(learner.collect()) == 2
+    assert scored == [] and all(learner._ready[t].teacher_logprobs is None for t in hinted)
+    monkeypatch.undo()
+    expected = {}
+    for t in hinted:
+        turn = store.get_turn(t)
+        prompt = teacher_prompt_ids(policy.tokenizer, turn, "Answer in one word.", "user")
+        expected[t] = asyncio.run(engine.score(prompt, turn.completion_ids, temperature=1.0))
+    stepped: list = []
+    step = learner.learner.step
+
+    def recording(samples, turn_ids, **kw):
+        stepped.append(dict(zip(turn_ids, samples, strict=True)))
+        return step(samples, turn_ids, **kw)
+
+    monkeypatch.setattr(learner.learner, "step", recording)
+    m = asyncio.run(learner.step_if_ready())
+    assert m is not None and m["time/teacher_scoring"] > 0
+    for t in hinted:
+        assert stepped[0][t].teacher_logprobs == pytest.approx(expected[t], abs=1e-4)
+    assert learner._teacher_prompts == {}

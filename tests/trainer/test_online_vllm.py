@@ -77,7 +77,7 @@ def test_versions_advance_on_vllm_while_serving(
     finally:
         server.stop()
     counts = store.sample_counts()
-    assert counts["trained"] >= 4  # two steps of batch 2, teacher log-probs scored on vLLM
+    assert counts["trained"] >= 4  # two steps of batch 2 (teacher scored by the trainer: auto)
     turns = sorted((t for sid in store.session_ids() for t in store.session_turns(sid)),
                    key=lambda t: t.created_at)  # fmt: skip
     assert [t.policy_version for t in turns] == sorted(t.policy_version for t in turns)

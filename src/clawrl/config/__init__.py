@@ -145,6 +145,16 @@ class EngineConfig(_Section):
     vllm_api_key: str | None = Field(
         None, description="Bearer key of vLLM servers started with --api-key."
     )
+    scoring_defer_s: float = Field(
+        10.0,
+        ge=0,
+        description="vLLM: seconds an OPD teacher-scoring request may give way to generation on "
+        "its replica (it waits while users' requests run, and is cancelled and re-sent when one "
+        "starts); after that it runs regardless. 0: scoring never gives way.",
+    )
+    scoring_slots: int = Field(
+        2, ge=1, le=1024, description="vLLM: teacher-scoring requests in flight per replica."
+    )
 
 
 class SamplingConfig(_Section):
@@ -230,6 +240,14 @@ class TrainerConfig(_Section):
     grad_clip: float = Field(1.0, ge=0.0, description="Max global grad norm; 0 disables.")
     warmup_steps: int = Field(0, ge=0, description="Linear LR warmup, optimizer steps.")
     max_staleness: int = Field(4, ge=0, description="Most policy versions a sample may lag.")
+    teacher_scoring: Literal["auto", "engine", "trainer"] = Field(
+        "auto",
+        description="Where the online learner scores the OPD teacher: 'engine' (the serving "
+        "engine, when the turn is collected, with the served version), 'trainer' (the trainer's "
+        "own forward pass at step time, with the weights about to be trained: no scoring on the "
+        "serving engine, so users' requests never share it with teacher prefills), 'auto' "
+        "(trainer on vLLM, engine otherwise).",
+    )
     output_dir: str = Field(
         "runs/online", min_length=1, description="Versions, checkpoints and metrics."
     )

@@ -6,9 +6,12 @@ requests.
 
 Each judged turn is decided by the rules of :mod:`clawrl.trainer.samples` (its ``samples``
 row records the outcome); every ``batch_size`` samples make one step. The OPD teacher's log-probs
-of a hinted turn come from ``engine.score`` on the hint-enhanced prompt
+of a hinted turn are those of the hint-enhanced prompt
 (:func:`clawrl.trainer.samples.teacher_prompt_ids`) at the turn's own sampling temperature;
-``teacher="base"`` scores with the LoRA adapter disabled (the frozen base weights).
+``teacher="base"`` scores with the LoRA adapter disabled (the frozen base weights). Where
+(``trainer.teacher_scoring``, :func:`teacher_on_trainer`): ``engine.score`` when the turn is
+collected, or the trainer's forward pass at step time, with the weights the step starts from
+(the default on vLLM, where teacher prefills on the server would slow users' requests).
 
 A step is the one learner's (:class:`clawrl.trainer.learner.Learner`: optimizer step, version,
 checkpoint, ``samples`` rows exactly once, ``policy_versions``, publishing to the engine); this
@@ -19,8 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -28,7 +33,7 @@ from typing import TYPE_CHECKING
 from clawrl.config import SampleNeeds, TrainerConfig
 from clawrl.engine import Engine
 from clawrl.engine.threads import in_transient_thread
-from clawrl.errors import ClawrlError
+from clawrl.errors import ClawrlError, ConfigError
 from clawrl.store import DropReason, JudgmentRecord, SampleRecord, Store, TurnRecord
 from clawrl.trainer.learner import Learner
 from clawrl.trainer.metrics import MetricsWriter
@@ -121,6 +126,19 @@ class OnlineLearner:
         instead of the order they were judged in (the fixed schedule,
         :class:`clawrl.trainer.service.OnlineService`)."""
         self._keys: dict[str, tuple[str, int, int]] = {}
+        self.teacher_on_trainer = teacher_on_trainer(self.config.teacher_scoring, engine)
+        """The OPD teacher is scored by the trainer at step time, not by the engine."""
+        if self.teacher_on_trainer and not trainer_can_score(trainer, self.needs):
+            if self.config.teacher_scoring == "trainer":
+                raise ConfigError(
+                    "trainer.teacher_scoring=trainer with the base teacher needs the frozen base "
+                    "weights, which this full fine-tuning trainer does not keep: set "
+                    "trainer.teacher_scoring=engine (or auto)"
+                )
+            log.warning("the base teacher is scored on the engine: this full fine-tuning trainer "
+                        "keeps no frozen base weights (trainer.teacher_scoring=auto)")  # fmt: skip
+            self.teacher_on_trainer = False
+        self._teacher_prompts: dict[str, list[int]] = {}  # turn -> hinted prompt (trainer scores)
 
     # ---------------------------------------------------------------- resume
 
@@ -175,7 +193,16 @@ class OnlineLearner:
                 drops.append(self._drop(turn_id, reason))
                 continue
             teacher = None
-            if j.hint and self.needs.uses_hint:
+            if j.hint and self.needs.uses_hint and self.teacher_on_trainer:
+                hinted = teacher_prompt_ids(self.tokenizer, turn, j.hint, self.needs.hint_placement)
+                if len(hinted) + len(turn.completion_ids) <= self.engine.max_context:
+                    self._teacher_prompts[turn_id] = hinted
+                elif not (self.needs.uses_reward and scored(j, self.needs)):
+                    drops.append(self._drop(turn_id, DropReason.TEACHER_FAILED))
+                    continue
+                else:
+                    log.warning("hinted prompt of %s is too long to score: reward only", turn_id)
+            elif j.hint and self.needs.uses_hint:
                 try:
                     teacher = await self._teacher_logprobs(turn, j.hint)
                 except ClawrlError as e:
@@ -202,6 +229,7 @@ class OnlineLearner:
             for t in stale:
                 del self._ready[t]
                 self._keys.pop(t, None)
+                self._teacher_prompts.pop(t, None)
             self.state.ready = len(self._ready)
         return len(stale)
 
@@ -231,15 +259,41 @@ class OnlineLearner:
             # ends with it: a live one keeps an OpenMP team that slows the serving engine's
             # thread between steps too (clawrl.engine.threads)
             drops = {k: float(v) for k, v in self.state.drops.items()}
-            step = functools.partial(self.learner.step, samples, turn_ids, metrics=drops)
+            step = functools.partial(self._train, samples, turn_ids, drops)
             metrics = await in_transient_thread(step, finish_on_cancel=True)
             return self._stepped(turn_ids, metrics)
+
+    def _train(
+        self, samples: list[TrainSample], turn_ids: list[str], drops: dict[str, float]
+    ) -> dict[str, float]:
+        """One learner step (in a transient thread); with :attr:`teacher_on_trainer`, the
+        hinted samples' teacher log-probs are computed first, by the trainer, with the weights
+        this step starts from (as ``clawrl train`` does, :mod:`clawrl.trainer.process`)."""
+        t0 = time.perf_counter()
+        hinted = [i for i, t in enumerate(turn_ids) if t in self._teacher_prompts]
+        if hinted:
+            requests = [
+                TrainSample(self._teacher_prompts[turn_ids[i]], samples[i].completion_ids,
+                            [0.0] * len(samples[i].completion_ids),
+                            temperature=samples[i].temperature)
+                for i in hinted
+            ]  # fmt: skip
+            teacher = self.trainer.teacher_logprobs(requests, base=self.needs.teacher == "base")
+            samples = list(samples)
+            for i, lp in zip(hinted, teacher, strict=True):
+                samples[i] = dataclasses.replace(samples[i], teacher_logprobs=lp)
+            drops = {**drops, "time/teacher_scoring": time.perf_counter() - t0}
+        metrics = self.learner.step(samples, turn_ids, metrics=drops)
+        if hinted:  # the step's time includes its teacher's
+            metrics["time/step_total"] = time.perf_counter() - t0
+        return metrics
 
     def _stepped(self, turn_ids: list[str], metrics: dict[str, float]) -> dict[str, float]:
         """Bookkeeping after a step trained ``turn_ids``: they leave the ready samples."""
         for t in turn_ids:
             self._ready.pop(t, None)
             self._keys.pop(t, None)
+            self._teacher_prompts.pop(t, None)
         self.state.steps = self.trainer.step
         self.state.trained += len(turn_ids)
         self.state.ready = len(self._ready)
@@ -266,3 +320,23 @@ class OnlineLearner:
             if stepped is None:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), self.config.poll_interval_s)
+
+
+def teacher_on_trainer(setting: str, engine: Engine) -> bool:
+    """Whether the OPD teacher is scored by the trainer (``trainer.teacher_scoring``): always
+    for ``trainer``, never for ``engine``; ``auto``: on a vLLM engine, whose teacher prefills
+    would share the server with users' requests (``benchmarks/vllm_online.py --decompose``)."""
+    if setting != "auto":
+        return setting == "trainer"
+    from clawrl.engine.vllm import VLLMEngine
+
+    return isinstance(engine, VLLMEngine)
+
+
+def trainer_can_score(trainer: Trainer, needs: SampleNeeds) -> bool:
+    """Whether ``trainer`` can compute the teacher ``needs`` names: the current policy always;
+    the base weights behind a LoRA adapter or in the frozen reference copy (full fine-tuning
+    with a KL term), as :meth:`clawrl.trainer.Trainer.teacher_logprobs` requires."""
+    if needs.teacher != "base":
+        return True
+    return trainer.ref_logprobs is not None or hasattr(trainer.model, "disable_adapter")

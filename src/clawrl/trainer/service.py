@@ -85,9 +85,12 @@ class OnlineService:
     ) -> None:
         self.output_dir = Path(config.output_dir)
         self.engine = engine
+        from clawrl.trainer.online import teacher_on_trainer
+
         self.trainer = Trainer(
-            policy.model, config, self.output_dir, policy_version=engine.policy_version
-        )
+            policy.model, config, self.output_dir, policy_version=engine.policy_version,
+            computes_teacher=teacher_on_trainer(config.teacher_scoring, engine),
+        )  # fmt: skip
         self.metrics = metrics if metrics is not None else MetricsWriter(self.output_dir)
         self.learner = OnlineLearner(store, engine, policy.tokenizer, self.trainer, self.metrics)
         # the judge keeps its own deadline; the worker's is a guard for judges that do not

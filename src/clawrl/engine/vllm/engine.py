@@ -75,6 +75,7 @@ from clawrl.engine.vllm.checks import (
     check_server,
     temperature_probe_ids,
 )
+from clawrl.engine.vllm.yielding import ServingFirst
 from clawrl.errors import EngineClosedError, EngineError, EngineUnavailableError
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,10 @@ T = TypeVar("T")
 
 SCORE_CONCURRENCY = 64
 """Scoring sub-requests (one per target token at T != 1) in flight at once, per engine."""
+SCORING_DEFER_S = 10.0
+"""Default seconds a scoring request may give way to generation on its replica."""
+SCORING_SLOTS = 2
+"""Default scoring requests (one per scored sample) in flight per replica."""
 FAILURES_TO_TAKE_OUT = 3
 """Consecutive failed requests (5xx, timeouts) after which a replica is taken out."""
 ADAPTER_PREFIX = "clawrl-"
@@ -102,6 +107,8 @@ class Replica:
         failures: failed requests in a row.
         prompt_temperature: it runs clawrl's plugin (one request per scored sample at any
             temperature; :func:`clawrl.engine.vllm.checks.check_prompt_temperature`).
+        scoring: its scoring requests yield to its generation requests
+            (:mod:`clawrl.engine.vllm.yielding`); set when the engine starts.
     """
 
     url: str
@@ -110,6 +117,7 @@ class Replica:
     synced_version: int = 0
     failures: int = 0
     prompt_temperature: bool = False
+    scoring: ServingFirst | None = None
 
 
 @dataclass
@@ -142,6 +150,9 @@ class VLLMEngine:
         health_interval_s: seconds between health checks of the replicas.
         api_key: a bearer key the servers require (``--api-key`` of vLLM), if any.
         on_close: called once by :meth:`close` (e.g. stopping a server clawrl launched).
+        scoring_defer_s: seconds a scoring request may be held back for generation on its
+            replica (:mod:`clawrl.engine.vllm.yielding`; 0: scoring never yields).
+        scoring_slots: scoring requests (one per scored sample) in flight per replica.
         transport: the HTTP transport (tests put a fake server here); default: the network.
 
     Raises:
@@ -161,6 +172,8 @@ class VLLMEngine:
         health_interval_s: float = 2.0,
         api_key: str | None = None,
         on_close: Callable[[], None] | None = None,
+        scoring_defer_s: float = SCORING_DEFER_S,
+        scoring_slots: int = SCORING_SLOTS,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         if not urls:
@@ -179,6 +192,7 @@ class VLLMEngine:
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._on_close = on_close
         self._transport = transport
+        self._scoring = (float(scoring_defer_s), int(scoring_slots))
         self._publish_dir = Path(publish_dir) if publish_dir else None
         self._run = uuid.uuid4().hex[:8]
         self._closed = False
@@ -240,6 +254,8 @@ class VLLMEngine:
         self._gate.set()
         self._publish_lock = asyncio.Lock()
         self._score_slots = asyncio.Semaphore(SCORE_CONCURRENCY)
+        for r in self.replicas:
+            r.scoring = ServingFirst(*self._scoring)
         infos = list(await asyncio.gather(*(check_server(self._client, r.url, self.tokenizer)
                                              for r in self.replicas)))  # fmt: skip
         served = {(i.model, i.root) for i in infos}
@@ -579,7 +595,9 @@ class VLLMEngine:
             raise EngineClosedError("engine is closed")
         return prompt
 
-    async def _acquire(self) -> tuple[int, _Version, Replica]:
+    async def _acquire(self, serving: bool = False) -> tuple[int, _Version, Replica]:
+        """A replica and the version to use; ``serving``: a generation request (scoring
+        yields to it until :meth:`_release` with ``serving=True``)."""
         await self._gate.wait()
         version = self.policy_version
         info = self._versions[version]
@@ -587,12 +605,16 @@ class VLLMEngine:
         info.inflight += 1
         replica.inflight += 1
         self.stats.batch_size += 1
+        if serving and replica.scoring is not None:
+            replica.scoring.serving_started()
         return version, info, replica
 
-    def _release(self, info: _Version, replica: Replica) -> None:
+    def _release(self, info: _Version, replica: Replica, serving: bool = False) -> None:
         info.inflight -= 1
         replica.inflight -= 1
         self.stats.batch_size -= 1
+        if serving and replica.scoring is not None:
+            replica.scoring.serving_ended()
         if info.inflight == 0:
             self._spawn(self._retire_idle())
 
@@ -621,13 +643,13 @@ class VLLMEngine:
 
     async def _generate(self, prompt: list[int], params: SamplingParams) -> Completion:
         start = time.perf_counter()
-        version, info, replica = await self._acquire()
+        version, info, replica = await self._acquire(serving=True)
         try:
             body = protocol.completion_body(info.name, prompt, self._stopping(params),
                                             self._max_new(prompt, params), stream=False)  # fmt: skip
             payload = await self._post_json(replica, "/v1/completions", body, len(prompt))
         finally:
-            self._release(info, replica)
+            self._release(info, replica, serving=True)
         choice = protocol.parse_choice(payload, want_top=params.logprobs_top_k)
         self._check_echo(choice, prompt)
         if choice.finish_reason is None:
@@ -682,7 +704,7 @@ class VLLMEngine:
 
     async def _stream(self, prompt: list[int], params: SamplingParams, emit: Emit) -> None:
         try:
-            version, info, replica = await self._acquire()
+            version, info, replica = await self._acquire(serving=True)
         except Exception as e:
             emit(e)
             return
@@ -698,7 +720,7 @@ class VLLMEngine:
         except Exception as e:  # an odd chunk must end the stream with an error, never hang it
             outcome = EngineError(f"vLLM stream failed: {type(e).__name__}: {e}")
         finally:
-            self._release(info, replica)  # before the caller hears the end
+            self._release(info, replica, serving=True)  # before the caller hears the end
         emit(outcome)
 
     async def _relay(
@@ -823,9 +845,21 @@ class VLLMEngine:
         return list(await asyncio.gather(*(self._score_one(p, t, temperature, base)
                                            for p, t in items)))  # fmt: skip
 
-    async def _scored(self, replica: Replica, body: dict[str, Any], prompt_tokens: int) -> Any:
-        async with self._score_slots:
-            return await self._post_json(replica, "/v1/completions", body, prompt_tokens)
+    async def _scored(
+        self, replica: Replica, body: dict[str, Any], prompt_tokens: int, *, sample: bool = True
+    ) -> Any:
+        """One scoring request, yielding to generation on ``replica``; ``sample``: it scores
+        a whole sample (one of the replica's scoring slots), else one target position (no
+        plugin) or one next-token judge prompt of many (bounded by :data:`SCORE_CONCURRENCY`
+        only)."""
+
+        async def send() -> dict[str, Any]:
+            async with self._score_slots:
+                return await self._post_json(replica, "/v1/completions", body, prompt_tokens)
+
+        if replica.scoring is None:
+            return await send()
+        return await replica.scoring.run(send, slot=sample)
 
     async def _score_one(
         self, prompt: list[int], target: list[int], temperature: float, base: bool
@@ -844,7 +878,7 @@ class VLLMEngine:
                 for i in range(len(target))
             ]
             payloads = await asyncio.gather(
-                *(self._scored(replica, b, len(prompt)) for b in bodies)
+                *(self._scored(replica, b, len(prompt), sample=False) for b in bodies)
             )
             return [protocol.parse_next_token(p, [target[i]])[0] for i, p in enumerate(payloads)]
         finally:
@@ -875,7 +909,7 @@ class VLLMEngine:
             _version, info, replica = await self._acquire()
             try:
                 body = protocol.next_token_body(info.name, prompt, candidates, temperature)
-                payload = await self._scored(replica, body, len(prompt))
+                payload = await self._scored(replica, body, len(prompt), sample=False)
             finally:
                 self._release(info, replica)
             return protocol.parse_next_token(payload, candidates)
