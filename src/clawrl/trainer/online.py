@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
 import logging
 import time
@@ -49,6 +48,7 @@ from clawrl.trainer.samples import (
     stale_ids,
     teacher_prompt_ids,
     turn_temperature,
+    with_teacher,
 )
 from clawrl.trainer.trainer import Trainer
 from clawrl.trainer.types import TrainSample
@@ -270,18 +270,11 @@ class OnlineLearner:
         hinted samples' teacher log-probs are computed first, by the trainer, with the weights
         this step starts from (as ``clawrl train`` does, :mod:`clawrl.trainer.process`)."""
         t0 = time.perf_counter()
-        hinted = [i for i, t in enumerate(turn_ids) if t in self._teacher_prompts]
+        prompts = [self._teacher_prompts.get(t) for t in turn_ids]
+        hinted = any(p is not None for p in prompts)
         if hinted:
-            requests = [
-                TrainSample(self._teacher_prompts[turn_ids[i]], samples[i].completion_ids,
-                            [0.0] * len(samples[i].completion_ids),
-                            temperature=samples[i].temperature)
-                for i in hinted
-            ]  # fmt: skip
-            teacher = self.trainer.teacher_logprobs(requests, base=self.needs.teacher == "base")
-            samples = list(samples)
-            for i, lp in zip(hinted, teacher, strict=True):
-                samples[i] = dataclasses.replace(samples[i], teacher_logprobs=lp)
+            samples = with_teacher(self.trainer, samples, prompts,
+                                   base=self.needs.teacher == "base")  # fmt: skip
             drops = {**drops, "time/teacher_scoring": time.perf_counter() - t0}
         metrics = self.learner.step(samples, turn_ids, metrics=drops)
         if hinted:  # the step's time includes its teacher's

@@ -32,7 +32,6 @@ Rank 0 prints one line per step and one per published version.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import threading
@@ -56,6 +55,7 @@ from clawrl.trainer.samples import (
     scored,
     stale_ids,
     teacher_prompt_ids,
+    with_teacher,
 )
 from clawrl.trainer.types import TrainSample
 
@@ -366,18 +366,8 @@ class TrainerProcess:
     def step(self, order: StepOrder) -> dict[str, float]:
         """One step on every rank (module docstring); returns its metrics. Collective."""
         t0 = time.perf_counter()
-        samples = list(order.samples)
-        hinted = [i for i, p in enumerate(order.teacher_prompts) if p is not None]
-        if hinted:
-            requests = [
-                TrainSample(order.teacher_prompts[i] or [], samples[i].completion_ids,
-                            [0.0] * len(samples[i].completion_ids),
-                            temperature=samples[i].temperature)
-                for i in hinted
-            ]  # fmt: skip
-            teacher = self.trainer.teacher_logprobs(requests, base=self.needs.teacher == "base")
-            for i, lp in zip(hinted, teacher, strict=True):
-                samples[i] = dataclasses.replace(samples[i], teacher_logprobs=lp)
+        samples = with_teacher(self.trainer, list(order.samples), list(order.teacher_prompts),
+                               base=self.needs.teacher == "base")  # fmt: skip
         drops = {k: float(v) for k, v in self.drops.items()}
         metrics = self.learner.step(samples, order.turn_ids, metrics=drops)
         if self.env.is_main:

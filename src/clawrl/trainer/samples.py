@@ -28,6 +28,7 @@ left out, so no sample is trained twice and none is lost.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +49,8 @@ from clawrl.trainer.types import TrainSample
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+
+    from clawrl.trainer.trainer import Trainer
 
 HINT_TEMPLATE = "\n\n[Hint: {hint}]"
 SYSTEM_HINT_TEMPLATE = "Keep in mind what the user asked for: {hint}"
@@ -202,3 +205,24 @@ def published(version: int, weights: Any, step: int, *, full: bool = False) -> P
     if full or path is None:
         return PolicyVersionRecord(version, WeightsKind.FULL, path, step)
     return PolicyVersionRecord(version, WeightsKind.LORA, path, step)
+
+
+def with_teacher(
+    trainer: Trainer, samples: list[TrainSample], prompts: list[list[int] | None], *, base: bool
+) -> list[TrainSample]:
+    """``samples`` with the OPD teacher log-probs the trainer computes for each one whose hinted
+    prompt (``prompts[i]``) is given (:meth:`clawrl.trainer.Trainer.teacher_logprobs`, with the
+    weights it holds now; ``base``: the frozen base weights); the others as they are. Used at
+    step time by ``clawrl train`` and by the online learner with ``teacher_scoring=trainer``."""
+    hinted = [i for i, p in enumerate(prompts) if p is not None]
+    if not hinted:
+        return list(samples)
+    requests = [
+        TrainSample(prompts[i] or [], samples[i].completion_ids,
+                    [0.0] * len(samples[i].completion_ids), temperature=samples[i].temperature)
+        for i in hinted
+    ]  # fmt: skip
+    out = list(samples)
+    for i, lp in zip(hinted, trainer.teacher_logprobs(requests, base=base), strict=True):
+        out[i] = dataclasses.replace(out[i], teacher_logprobs=lp)
+    return out
