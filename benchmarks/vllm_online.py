@@ -12,10 +12,14 @@ plugin loaded), then:
   async --engine vllm --vllm-url URL``: simulated users talk to the gateway, the head judge judges,
   the learner steps with Combined, the OPD teacher scores on vLLM, each step's adapter is loaded
   into the server), while the same client sends the same short requests to the demo's gateway
-  until ``--steps`` steps are done.
+  until ``--steps`` steps are done;
+* **training off**: the same demo traffic for as long (the same simulated users, judge and
+  gateway), with a learner whose batch (1024 samples) does not fill: nothing is stepped,
+  scored or published.
 
-Prints p50 / p99 / max of the short requests' latency in both phases, their ratio (the target:
-p99 with training on <= 2x idle), the training steps done and the wall time. The demo scores
+Prints p50 / p99 / max of the short requests' latency in the three phases, the ratios (the
+target: p99 with training on <= 2x idle; on vs off says what training adds to the same
+traffic), the training steps done, the sessions and the wall time. The demo scores
 the OPD teacher where ``trainer.teacher_scoring`` says (``--teacher-scoring``; default ``auto``:
 the trainer, on vLLM).
 
@@ -34,6 +38,7 @@ server).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import tempfile
 import threading
@@ -89,7 +94,7 @@ def main() -> None:
     logging.getLogger("clawrl").setLevel(logging.ERROR)
 
     from clawrl.config import validate_config
-    from clawrl.demo import DemoSettings, run_demo
+    from clawrl.demo import DemoSettings
     from clawrl.engine.vllm import VLLMEngine, VLLMServer
     from clawrl.gateway import create_app
     from clawrl.gateway.server import LiveServer
@@ -117,8 +122,8 @@ def main() -> None:
                 gateway.stop()
                 engine.close()
                 store.close()
-            print(f"idle: {len(idle)} short requests, p50 {statistics.median(idle):.2f} s",
-                  flush=True)  # fmt: skip
+            print(f"idle: {len(idle)} short requests, p50 {statistics.median(idle):.2f} s, "
+                  f"p99 {_pct(idle, 0.99):.2f} s", flush=True)  # fmt: skip
 
             # training: the demo's live schedule on the same server, probed meanwhile
             cfg = validate_config(
@@ -132,39 +137,70 @@ def main() -> None:
                 batch_size=args.batch_size, eval_problems=4, out_dir=f"{tmp}/demo",
                 schedule="async",
             )  # fmt: skip
-            stop = threading.Event()
-            during: list[float] = []
-            steps = [0]
-            started: list[float] = []
+            during, sessions, steps, wall = _demo_phase(settings, cfg, args.steps)
+            print(f"training: {len(during)} short requests, {steps} steps, {sessions} sessions "
+                  f"in {wall:.0f} s, p50 {statistics.median(during):.2f} s, p99 "
+                  f"{_pct(during, 0.99):.2f} s", flush=True)  # fmt: skip
 
-            def progress(event: str, info: dict) -> None:
-                if event == "server" and not started:
-                    started.append(time.perf_counter())
-                    base = info["url"].removesuffix("/dashboard")
-                    threading.Thread(target=_probe, args=(base, stop, during),
-                                     daemon=True).start()  # fmt: skip
-                elif event == "sessions":
-                    steps[0] = info["status"].steps
-                    if steps[0] >= args.steps:
-                        stop.set()  # the final evaluation is not training
-
-            t1 = time.perf_counter()
-            run_demo(settings, cfg, progress=progress)
-            stop.set()
-            wall = time.perf_counter() - t1
+            # the same traffic with training off: the same demo, for as long, but its learner
+            # never has a batch (every judged turn still judged, nothing stepped or scored)
+            off_settings = dataclasses.replace(
+                settings, batch_size=1024, timeout_s=wall, out_dir=f"{tmp}/demo-off"
+            )
+            off, off_sessions, _, off_wall = _demo_phase(off_settings, cfg, None)
+            print(f"training off: {len(off)} short requests, {off_sessions} sessions in "
+                  f"{off_wall:.0f} s, p50 {statistics.median(off):.2f} s, p99 "
+                  f"{_pct(off, 0.99):.2f} s", flush=True)  # fmt: skip
         finally:
             server.stop()
-    if not during:
-        raise SystemExit("no short request finished while training ran")
+    if not during or not off:
+        raise SystemExit("no short request finished while the demo ran")
     print(f"\nshort requests (8 tokens, greedy) through clawrl's gateway on one vLLM CPU server; "
-          f"Combined, batch {args.batch_size}, {steps[0]} steps in {wall / 60:.1f} min, "
-          f"teacher scoring: {args.teacher_scoring}")  # fmt: skip
-    print(f"{'phase':<18} {'n':>4} {'p50 s':>7} {'p99 s':>7} {'max s':>7}")
-    for name, xs in (("idle", idle), ("training", during)):
-        print(f"{name:<18} {len(xs):>4} {statistics.median(xs):>7.2f} {_pct(xs, 0.99):>7.2f} "
+          f"Combined, batch {args.batch_size}, {steps} steps in {wall / 60:.1f} min "
+          f"({sessions} sessions), training off: {off_sessions} sessions in "
+          f"{off_wall / 60:.1f} min; teacher scoring: {args.teacher_scoring}")  # fmt: skip
+    print(f"{'phase':<30} {'n':>4} {'p50 s':>7} {'p99 s':>7} {'max s':>7}")
+    for name, xs in (("idle", idle), ("demo traffic, training off", off),
+                     ("demo traffic, training on", during)):  # fmt: skip
+        print(f"{name:<30} {len(xs):>4} {statistics.median(xs):>7.2f} {_pct(xs, 0.99):>7.2f} "
               f"{max(xs):>7.2f}")  # fmt: skip
-    ratio = _pct(during, 0.99) / _pct(idle, 0.99)
-    print(f"p99 training / idle: {ratio:.1f}x (target <= 2x)")
+    print(
+        f"p99 training on / idle: {_pct(during, 0.99) / _pct(idle, 0.99):.1f}x (target <= 2x); "
+        f"training on / off, same traffic: {_pct(during, 0.99) / _pct(off, 0.99):.1f}x"
+    )
+
+
+def _demo_phase(settings, cfg, steps: int | None) -> tuple[list[float], int, int, float]:
+    """Run the demo with ``settings`` while a client probes its gateway with short requests,
+    from the gateway's start until ``steps`` training steps are done (``None``: until the run's
+    time budget ends). Returns (latencies in s, sessions finished, steps done, seconds probed)."""
+    from clawrl.demo import run_demo
+
+    stop = threading.Event()
+    out: list[float] = []
+    seen = {"steps": 0, "sessions": 0}
+    started: list[float] = []
+    ended: list[float] = []
+
+    def progress(event: str, info: dict) -> None:
+        if event == "server" and not started:
+            started.append(time.perf_counter())
+            base = info["url"].removesuffix("/dashboard")
+            threading.Thread(target=_probe, args=(base, stop, out), daemon=True).start()
+            if steps is None:  # probe while sessions run, not while the run shuts down
+                threading.Timer(settings.timeout_s, stop.set).start()
+        elif event == "sessions" and not stop.is_set():
+            seen["steps"], seen["sessions"] = info["status"].steps, info["sessions"]
+            if steps is not None and seen["steps"] >= steps:
+                ended.append(time.perf_counter())
+                stop.set()  # the final evaluation is not training
+
+    run_demo(settings, cfg, progress=progress)
+    stop.set()
+    if steps is None:
+        ended.append(started[0] + settings.timeout_s if started else time.perf_counter())
+    end = ended[0] if ended else time.perf_counter()
+    return out, seen["sessions"], seen["steps"], end - (started[0] if started else end)
 
 
 def decompose(phase_s: float) -> None:
