@@ -125,6 +125,18 @@ def test_production_code_never_imports_test_tools():
         ),
         ("clawrl.gateway", ("clawrl.trainer", "clawrl.judge", "clawrl.harness", "clawrl.demo"), ()),
         (
+            "clawrl.memory",
+            ("clawrl",),
+            (
+                "clawrl.memory",
+                "clawrl.chat",
+                "clawrl.store",
+                "clawrl.judge.hints",
+                "clawrl.judge.types",
+                "clawrl.errors",
+            ),
+        ),
+        (
             "clawrl.trainer",
             ("clawrl.gateway", "clawrl.harness", "clawrl.demo", "clawrl.dashboard"),
             (),

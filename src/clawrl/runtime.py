@@ -416,15 +416,21 @@ def build_runtime(
 
             follower = VersionFollower(store, engine, config.server.version_poll_s)
             lifespan = follower.lifespan
+        from clawrl.memory import MemoryKeeper
+
+        keeper = MemoryKeeper(store, max_entries=config.memory.max_entries,
+                              sync_s=config.memory.sync_s)  # fmt: skip
+        memory = keeper if config.memory.enabled else None
         app = create_app(
             engine, policy.tokenizer, store, model_name=name, api_key=api_key,
-            defaults=config.sampling, lifespan=lifespan,
+            defaults=config.sampling, lifespan=lifespan, memory=memory, memory_admin=keeper,
         )  # fmt: skip
         dashboard = mount_dashboard(app, DashboardSource(
             store, output_dir=Path(config.trainer.output_dir) if method.trains else None,
             status=service.status if service is not None else None,
             policy_version=lambda: engine.policy_version, title=f"{name} · {method.kind}",
             judging=service is not None or (trainer is not None and method.needs.step_scores),
+            memory_enabled=memory is not None,
         ))  # fmt: skip
     except BaseException:
         for closer in reversed(owned):

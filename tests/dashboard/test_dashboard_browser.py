@@ -154,3 +154,21 @@ def test_judge_page(live, page, tmp_path):
     assert int(page.locator('[data-card="judged"] .card-value').inner_text()) >= 2
     assert page.locator("table tbody tr").count() >= 2
     shoot(page, tmp_path, "judge")
+
+
+def test_memory_page(live, page, tmp_path):
+    """The Memory page lists active and ended entries; their text is shown as text."""
+    import httpx
+
+    base = f"{live.server.url}/v1/memory"
+    for text in (f"Lead with the number. {TRICKY}", "Keep it short.", "Longer answers please."):
+        assert httpx.post(base, json={"text": text}).status_code == 201
+    load(page, f"{live.url}/memory")
+    assert page.locator('[data-card="active entries"] .card-value').inner_text() == "2"
+    assert page.locator('[data-card="replaced"] .card-value').inner_text() == "1"
+    assert TRICKY in page.locator("main table").first.inner_text()
+    assert "Keep it short." in page.locator("main table").nth(1).inner_text()
+    page.wait_for_timeout(300)
+    assert page.evaluate("window.__pwned") is None
+    assert page.locator("main img, main script").count() == 0
+    shoot(page, tmp_path, "memory")

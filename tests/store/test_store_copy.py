@@ -11,6 +11,8 @@ from clawrl.errors import ConfigError, StoreError
 from clawrl.store import (
     GroupDecision,
     JudgmentRecord,
+    MemoryEntryRecord,
+    MemorySource,
     PolicyVersionRecord,
     RolloutGroupRecord,
     RolloutPurpose,
@@ -23,6 +25,7 @@ from clawrl.store import (
     WeightsKind,
 )
 from clawrl.store.copy import copy_store, table_digest
+from clawrl.store.memory import MemorySourceClaim
 from clawrl.testing.postgres import schema_url
 
 
@@ -31,13 +34,17 @@ def _fill(target: str) -> list[TurnRecord]:
         sid = store.new_session(client="claude-code", metadata={"harness": "x"}).id
         a = TurnRecord(sid, [1, 2, 3], [4, 5], [-0.1, -1e-300], output={"content": "é✓"},
                        request_messages=[{"role": "user", "content": "a"}])  # fmt: skip
-        b = TurnRecord(sid, [1, 2, 3, 4, 5, 6], [7], [-2.5], parent_turn_id=a.id)
+        b = TurnRecord(sid, [1, 2, 3, 4, 5, 6], [7], [-2.5], parent_turn_id=a.id,
+                       memory={"entries": ["m1"], "text": "- Lead.", "index": 0})  # fmt: skip
         store.record_turns([a, b])
         store.add_feedback(0.5, turn_id=b.id, comment="ok")
         store.record_judgment(JudgmentRecord(a.id, sid, 1, "head x5", votes=[{"score": 1}]))
         store.publish_policy_version(PolicyVersionRecord(1, WeightsKind.LORA, "/w/v1", 1))
         store.end_session(sid)
         _fill_rollouts(store)
+        entry = MemoryEntryRecord("Lead with the number.", MemorySource.HINT, id="m1",
+                                  source_turn_id=a.id, history=[{"event": "added"}])  # fmt: skip
+        store.change_memory(add=[entry], source=MemorySourceClaim(f"hint:{a.id}", 1.0, "", "m1"))
         return [a, b]
 
 
@@ -65,17 +72,19 @@ def test_copy_sqlite_to_postgresql_and_back_is_exact(pg_cluster, tmp_path, capsy
     turns = _fill(src)
     assert main(["store", "copy", src, pg]) == 0
     out = capsys.readouterr().out
-    assert "turns                   2" in out and out.count("verified") == 9
+    assert "turns                   2" in out and out.count("verified") == 11
     report = copy_store(pg, back)
     assert {c.table: c.rows for c in report} == {
         "sessions": 3, "turns": 2, "feedback": 1, "judgments": 1, "samples": 0,
         "policy_versions": 1, "rollout_groups": 1, "rollouts": 2, "verifier_results": 2,
+        "memory_entries": 1, "memory_sources": 1,
     }  # fmt: skip
     for a, b in ((src, pg), (src, back)):
         with Store(a, read_only=True) as x, Store(b, read_only=True) as y:
             with x._read() as cx, y._read() as cy:
                 for table in ("sessions", "turns", "feedback", "judgments", "policy_versions",
-                              "rollout_groups", "rollouts", "verifier_results"):  # fmt: skip
+                              "rollout_groups", "rollouts", "verifier_results",
+                              "memory_entries", "memory_sources"):  # fmt: skip
                     assert table_digest(cx, table) == table_digest(cy, table)
             assert [y.get_turn(t.id) for t in turns] == turns  # deltas rebuild on the copy
             assert y.rollout_results(run_id="run1") == x.rollout_results(run_id="run1")

@@ -3,6 +3,7 @@ the same schema on SQLite and PostgreSQL (every test runs on both backends where
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from clawrl.errors import StoreError
 from clawrl.store import SCHEMA_VERSION, Store
 from clawrl.store.db import Database, open_database
+from clawrl.store.memory import MEMORY_SCHEMA_VERSION, MemoryEntryRecord, MemorySourceClaim
 from clawrl.store.migrations import MIGRATIONS, Migration, applied_version, migrate
 from clawrl.store.rollouts import (
     GROUP_FIELDS,
@@ -39,7 +41,8 @@ EXTRA = """CREATE TABLE extra_verdicts (
 
 NEXT = SCHEMA_VERSION + 1
 TABLES = {"schema_migrations", "sessions", "turns", "feedback", "judgments", "samples",
-          "policy_versions", "leases", "rollout_groups", "rollouts", "verifier_results"}  # fmt: skip
+          "policy_versions", "leases", "rollout_groups", "rollouts", "verifier_results",
+          "memory_entries", "memory_sources"}  # fmt: skip
 
 
 def _build_by_migrations(db: Database, migrations: tuple[Migration, ...]) -> None:
@@ -118,7 +121,7 @@ def test_both_dialects_have_the_same_schema(pg_cluster, tmp_path) -> None:
     assert described["sqlite"] == described["postgresql"]
     assert set(described["sqlite"]) == TABLES
     turns = [c[0] for c in described["postgresql"]["turns"]["columns"]]
-    assert turns[-3:] == list(STORAGE_TURN_COLUMNS)
+    assert turns[-4:-1] == list(STORAGE_TURN_COLUMNS) and turns[-1] == "memory"
 
 
 def test_render_ddl() -> None:
@@ -145,6 +148,31 @@ def test_record_fields_match_columns(store_target) -> None:
         assert table_columns(conn, "rollout_groups", conn.dialect) == list(GROUP_FIELDS)
         assert table_columns(conn, "rollouts", conn.dialect) == list(ROLLOUT_FIELDS)
         assert table_columns(conn, "verifier_results", conn.dialect) == list(VERIFIER_FIELDS)
+        entry_fields = [f.name for f in dataclasses.fields(MemoryEntryRecord)]
+        assert sorted(table_columns(conn, "memory_entries", conn.dialect)) == sorted(entry_fields)
+        claim_fields = {f.name for f in dataclasses.fields(MemorySourceClaim)}
+        assert set(table_columns(conn, "memory_sources", conn.dialect)) == claim_fields | {
+            "taken_at"
+        }
+
+
+def test_old_read_only_stores_have_no_memory(store_target, open_db) -> None:
+    """A store of schema 6 opened read-only (clawrl dashboard over an old run) reads its turns
+    and has an empty memory (the memory tables and turns.memory came with version 7)."""
+    from clawrl.store import SessionSource
+
+    db = open_db("six")
+    _build_by_migrations(db, MIGRATIONS[: MEMORY_SCHEMA_VERSION - 1])
+    with db.write() as conn:
+        conn.execute(
+            "INSERT INTO sessions (id, source, created_at, metadata) VALUES (?, ?, ?, ?)",
+            ("s", SessionSource.HEADER.value, 1.0, "{}"),
+        )
+    with Store(store_target("six"), read_only=True) as store:
+        assert store.schema_version == MEMORY_SCHEMA_VERSION - 1
+        assert store.memory_entries(None, active_only=False) == []
+        assert store.memory_sources_since(0.0) == [] and store.memory_cursor() == 0.0
+        assert store.session_memory("s") == (False, None)
 
 
 def test_migrating_to_rollouts_keeps_the_sessions_and_records_rollouts(store_target, open_db):

@@ -17,6 +17,7 @@ from clawrl.cli import (
     generate,
     harness,
     judge,
+    memory,
     serve,
     sessions,
     store,
@@ -42,6 +43,8 @@ Serve, record and train online (point any OpenAI/Anthropic client or harness at 
   clawrl sessions list                            what was recorded
   clawrl sessions show 3f2a9c0d11e4               one session as a prefix tree (id or prefix)
   clawrl export --out trajectories.jsonl          token ids, loss masks, log-probs
+  clawrl serve --memory                           ...adding what users asked for before to
+  clawrl memory list                              ...the system prompt: these entries
   clawrl serve --store postgresql://u@db/clawrl   replicas on one PostgreSQL store
   clawrl serve --method combine --external-trainer    the same as three processes on one store:
   clawrl judge worker --store clawrl.db           ...the judge, and
@@ -58,7 +61,7 @@ Measure:
 
 _MODULES = [
     demo, generate, doctor, serve, train, sessions, store, dashboard, export_model, judge, eval,
-    harness,
+    harness, memory,
 ]  # fmt: skip
 
 

@@ -206,6 +206,11 @@ def apply_flags(
     Raises:
         ConfigError: ``--method`` contradicts the settings' method kind, or is unknown.
     """
+    if getattr(args, "memory", None):
+        memory = data.setdefault("memory", {})
+        if not isinstance(memory, dict):
+            raise ConfigError("memory must be a table of settings")
+        memory["enabled"] = True
     trainer = data.setdefault("trainer", {})
     if not isinstance(trainer, dict):
         raise ConfigError("trainer must be a table of settings")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -44,7 +45,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "  clawrl serve --model smollm2-135m --port 8000 --store clawrl.db\n"
         "  clawrl serve --engine vllm --method combine        # clawrl launches a vLLM server\n"
         "  clawrl serve --method combine --external-trainer   # + judge worker, clawrl train\n"
-        "  clawrl serve --vllm-url http://gpu1:8000 --vllm-url http://gpu2:8000 --method rl",
+        "  clawrl serve --vllm-url http://gpu1:8000 --vllm-url http://gpu2:8000 --method rl\n"
+        "  clawrl serve --memory --store clawrl.db            # + what users asked for before",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_model_options(p)
@@ -66,6 +68,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         action="store_true",
         help="no console line per request (by default each recorded call prints one: time, "
         "API, session, turn, prompt+completion tokens, latency, policy version, status)",
+    )
+    p.add_argument(
+        "--memory",
+        action="store_true",
+        default=None,
+        help="preference memory: keep the directives of judges' hints and feedback comments "
+        "(POST /v1/feedback with a comment) as short entries and add them to the system message "
+        "of every main call, so what a user asked for in one session shapes the next "
+        "(memory.enabled; see them with clawrl memory list)",
     )
     add_engine_options(p)
     add_online_options(p)
@@ -93,7 +104,8 @@ def _short_id(session_id: str, most: int = 24) -> str:
 
 def request_line(turns: list[TurnRecord]) -> str:
     """One console line for a request's recorded turns (one per choice), e.g.
-    ``19:04:11 chat session 3f2a1b2c turn 9e8d7c6b 412+37 tokens 1.84 s v3 ok stop``."""
+    ``19:04:11 chat session 3f2a1b2c turn 9e8d7c6b 412+37 tokens 1.84 s v3 ok stop`` (``412+37
+    tokens +memory 2`` when the preference memory added two entries to the prompt)."""
     first = turns[0]
     when = time.strftime("%H:%M:%S", time.localtime(first.created_at))
     api = PROTOCOL_NAMES.get(first.protocol.value, first.protocol.value)
@@ -101,6 +113,7 @@ def request_line(turns: list[TurnRecord]) -> str:
     completion = sum(len(t.completion_ids) for t in turns)
     latency = max((t.latency_s or 0.0) for t in turns)
     choices = f" x{len(turns)}" if len(turns) > 1 else ""
+    memory = f" +memory {len(first.memory['entries'])}" if first.memory else ""
     statuses = ",".join(sorted({t.status.value for t in turns}))
     finish = ",".join(sorted({t.finish_reason or "-" for t in turns}))
     untrainable = sorted({t.untrainable_reason for t in turns if t.untrainable_reason})
@@ -108,8 +121,8 @@ def request_line(turns: list[TurnRecord]) -> str:
     return (
         f"{when} {api}{_printable(kind)} session {_printable(_short_id(first.session_id))} "
         f"turn {first.id[:8]}{choices} "
-        f"{len(first.prompt_ids)}+{completion} tokens {latency:.2f} s v{first.policy_version} "
-        f"{statuses} {finish}{why}"
+        f"{len(first.prompt_ids)}+{completion} tokens{memory} {latency:.2f} s "
+        f"v{first.policy_version} {statuses} {finish}{why}"
     )
 
 
@@ -272,6 +285,11 @@ def run(args: argparse.Namespace) -> int:
             runtime.app.state.gateway.error_listeners.append(
                 lambda *error: print(error_line(*error), flush=True)
             )
+            if cfg.memory.enabled:  # a line per memory change (clawrl.memory's log)
+                logging.getLogger("clawrl.memory").setLevel(logging.INFO)
+                n = len(runtime.store.memory_entries())
+                print(f"clawrl memory: on, {n} active entries (clawrl memory list; "
+                      f"the dashboard's Memory page)", flush=True)  # fmt: skip
         print(
             f"  curl -N {base}/chat/completions{auth} -H 'Content-Type: application/json' \\\n"
             f'    -d \'{{"model": "{name}", "stream": true, '

@@ -57,6 +57,7 @@ __all__ = [
     "GRPOMethod",
     "HarnessConfig",
     "HintPlacement",
+    "MemoryConfig",
     "MethodConfig",
     "MetricsConfig",
     "ModelConfig",
@@ -299,6 +300,27 @@ class MetricsConfig(_Section):
     )
 
 
+class MemoryConfig(_Section):
+    """Preference memory (:mod:`clawrl.memory`): directives taken from judges' hints and
+    feedback comments, added to the system message of main calls."""
+
+    enabled: bool = Field(
+        False,
+        description="Add the memory's entries to the system message of every main call "
+        "(clawrl serve --memory). Off by default until the demo measures it with the judge's own "
+        "hints: an oracle system prompt of the student's preferences raised the held-out score "
+        "from 0.35 to 0.68, but a memory of wrong hints would steer every answer.",
+    )
+    max_entries: int = Field(
+        8, ge=1, le=64, description="Most active entries; past it the least recently "
+        "updated is evicted."
+    )  # fmt: skip
+    sync_s: float = Field(
+        1.0, ge=0.0, description="Least seconds between two reads of new hints and feedback "
+        "comments from the store (feedback is taken at once)."
+    )  # fmt: skip
+
+
 class Config(BaseModel):
     """All clawrl settings, one section per component."""
 
@@ -312,6 +334,7 @@ class Config(BaseModel):
     judge: JudgeConfig = Field(default_factory=JudgeConfig)
     harness: HarnessConfig = Field(default_factory=HarnessConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    memory: MemoryConfig = Field(default_factory=MemoryConfig)
 
 
 def _parse_value(raw: str) -> Any:

@@ -250,6 +250,7 @@ class DashboardSource:
         read_only: a dashboard over a finished run or a store in use by another process.
         started_at: when the server started (seconds since the epoch): a live server's
             request rate is averaged over its uptime until it has a full window.
+        memory_enabled: whether the server adds the memory to prompts (``None``: unknown).
     """
 
     store: Store
@@ -261,6 +262,7 @@ class DashboardSource:
     judging: bool = True
     title: str = "clawrl"
     read_only: bool = False
+    memory_enabled: bool | None = None
     started_at: float = field(default_factory=time.time)
     _cache: dict[str, tuple[float, Any]] = field(default_factory=dict, repr=False)
     _metrics: tuple[int, list[dict[str, Any]]] = field(default=(0, []), repr=False)
@@ -522,6 +524,32 @@ class DashboardSource:
             "output_dir": None if self.output_dir is None else str(self.output_dir),
             "tensorboard": str(tensorboard) if tensorboard and tensorboard.is_dir() else None,
             "demo": self.demo() if self.demo is not None else None,
+        }
+
+    def memory(self) -> dict[str, Any]:
+        """The preference memory's entries: ``active`` (oldest first), ``ended`` (replaced,
+        evicted, retired, turned off; newest first; forgotten ones are left out) and ``counts``
+        by status; ``enabled`` when this server adds them to prompts (``None``: unknown, a
+        dashboard over a store)."""
+        return dict(self.cached("memory", self._memory))
+
+    def _memory(self) -> dict[str, Any]:
+        entries = self.store.memory_entries(None, active_only=False)
+        rows = [
+            {"id": e.id, "user_id": e.user_id, "text": e.text, "status": str(e.status),
+             "source": str(e.source), "source_turn_id": e.source_turn_id,
+             "source_session_id": e.source_session_id, "support": e.support,
+             "updated_at": e.updated_at, "end_reason": e.end_reason}
+            for e in entries
+            if e.status != "forgotten"
+        ]  # fmt: skip
+        return {
+            "enabled": self.memory_enabled,
+            "active": [r for r in rows if r["status"] == "active"],
+            "ended": sorted(
+                (r for r in rows if r["status"] != "active"), key=lambda r: -r["updated_at"]
+            ),
+            "counts": dict(Counter(str(e.status) for e in entries)),
         }
 
     def judge(self) -> dict[str, Any]:

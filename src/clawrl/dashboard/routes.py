@@ -1,4 +1,4 @@
-"""The dashboard's routes: four pages and the JSON they poll.
+"""The dashboard's routes: five pages and the JSON they poll.
 
 ==========================================  ===================================================
 route                                       serves
@@ -8,8 +8,10 @@ route                                       serves
 ``GET /dashboard/session?id=ID``            one session's prefix tree, judgments, training
 ``GET /dashboard/training``                 live curves (and the demo's evaluations)
 ``GET /dashboard/judge``                    score distribution, abstentions, agreement
+``GET /dashboard/memory``                   the preference memory: active and ended entries
 ``GET /dashboard/api/{overview,sessions,``  the JSON each page polls every
-``training,judge}``, ``/api/session?id=ID`` :data:`POLL_MS` milliseconds
+``training,judge,memory}``,                 :data:`POLL_MS` milliseconds
+``/api/session?id=ID``
 ``GET /dashboard/static/{file}``            ``app.js``, ``style.css`` (shipped in the package)
 ==========================================  ===================================================
 
@@ -42,6 +44,7 @@ PAGES = {
     "sessions": ("/sessions", "Sessions"),
     "training": ("/training", "Training"),
     "judge": ("/judge", "Judge"),
+    "memory": ("/memory", "Memory"),
 }
 STATIC = {"app.js": "text/javascript; charset=utf-8", "style.css": "text/css; charset=utf-8"}
 
@@ -180,6 +183,12 @@ async def api_training(request: Request) -> JSONResponse:
 async def api_judge(request: Request) -> JSONResponse:
     """:meth:`DashboardSource.judge`."""
     return await _json(request, _source(request).judge)
+
+
+@router.get("/api/memory")
+async def api_memory(request: Request) -> JSONResponse:
+    """:meth:`DashboardSource.memory`."""
+    return await _json(request, _source(request).memory)
 
 
 async def _root() -> RedirectResponse:

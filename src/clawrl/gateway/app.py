@@ -37,11 +37,18 @@ from fastapi import FastAPI
 from clawrl.config import SamplingConfig
 from clawrl.engine import Engine
 from clawrl.errors import ConfigError
-from clawrl.gateway import routes_anthropic, routes_clawrl, routes_openai, routes_responses
+from clawrl.gateway import (
+    routes_anthropic,
+    routes_clawrl,
+    routes_memory,
+    routes_openai,
+    routes_responses,
+)
 from clawrl.gateway.auth import ApiKeyMiddleware
 from clawrl.gateway.errors import install_error_handlers
 from clawrl.gateway.metrics import Metrics, RequestMetricsMiddleware
 from clawrl.gateway.state import GatewayState
+from clawrl.memory import MemoryKeeper
 from clawrl.store import Store
 
 
@@ -54,6 +61,8 @@ def create_app(
     api_key: str | None = None,
     defaults: SamplingConfig | None = None,
     lifespan: Callable[[Any], AbstractAsyncContextManager[None]] | None = None,
+    memory: MemoryKeeper | None = None,
+    memory_admin: MemoryKeeper | None = None,
 ) -> FastAPI:
     """Build the gateway app over an engine, the policy's tokenizer and a store.
 
@@ -70,6 +79,10 @@ def create_app(
         defaults: sampling defaults for fields a request leaves out.
         lifespan: an ASGI lifespan run while the server runs (the online loop,
             :meth:`clawrl.trainer.service.OnlineService.lifespan`).
+        memory: the preference memory whose entries main calls get in their system message
+            (``clawrl serve --memory``; ``None``: off).
+        memory_admin: with memory off, the keeper ``/v1/memory`` changes entries through
+            (its cap from the config; ``None``: one with the default cap, made on first use).
 
     Returns:
         The FastAPI app; ``app.state.gateway`` is its :class:`GatewayState`.
@@ -86,6 +99,8 @@ def create_app(
         store=store,
         model_name=model_name,
         api_key=api_key,
+        memory=memory,
+        memory_admin=memory_admin,
         defaults=defaults or SamplingConfig.model_validate({}),
         metrics=metrics,
     )
@@ -103,6 +118,7 @@ def create_app(
         on_answer=lambda *error: [listener(*error) for listener in state.error_listeners],
     )
     app.include_router(routes_clawrl.router)
+    app.include_router(routes_memory.router)
     for router in (routes_openai.router, routes_anthropic.router, routes_responses.router):
         app.include_router(router)
         app.include_router(router, prefix="/s/{session_id}")

@@ -295,6 +295,7 @@ async def start_call(gw: GatewayState, request: Request, req: CallRequest) -> Ca
         prepared = prepare_messages(
             gw.tokenizer, gw.store, req.messages, req.tools, req.tool_choice, req.explicit,
             client_name=client_name, side_kind=req.side_kind, retry_count=retries, client=who,
+            memory=gw.memory,
         )  # fmt: skip
         spawn = None
         if "agent_id" in agent:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +52,7 @@ from clawrl.gateway.splice import (
     message_output_hash,
     splice_history,
 )
+from clawrl.memory.prompt import MemoryOptions, apply_memory
 from clawrl.store import SessionRecord, SessionSource, Store, TurnRecord, new_id
 
 
@@ -87,6 +89,9 @@ class PreparedCall:
             sessions the call names: path, header or body, never inferred ones).
         sampling_attempt: with a seed, how many of the session's turns were sampled from
             ``prompt_ids`` before.
+        memory: what the user's memory added to the system message
+            (:func:`clawrl.memory.prompt.with_memory`; ``messages`` and ``prompt_ids`` hold it);
+            ``None``: nothing (memory off, a side call, or no entries).
     """
 
     messages: list[ChatMessage]
@@ -108,7 +113,13 @@ class PreparedCall:
     history_link: dict[str, Any] | None = None
     sampling_seed: int | None = None
     sampling_attempt: int = 0
+    memory: dict[str, Any] | None = None
 
+
+EXACT_LINKS = frozenset({"prefix", "retry", "history"})
+"""Link rules that prove a call continues a recorded turn by its ids or messages
+(:func:`clawrl.gateway.attribution.link_call`); ``echo`` and ``dropped_answer`` do not look at
+the system message, so they cannot tell which memory block a conversation had."""
 
 _MAX_ATTEMPTS = 1000
 """Earlier turns with the same prompt counted for a seeded call's attempt number."""
@@ -118,6 +129,40 @@ def special_ids(tokenizer: Any) -> frozenset[int]:
     """The tokenizer's control ids: its special ids and the template's control tokens
     (:func:`clawrl.chat.control_ids`; cached with the template)."""
     return control_ids(tokenizer)
+
+
+@dataclass
+class _Attempt:
+    """One way of rendering a call (with one memory option) and where it links."""
+
+    option: dict[str, Any] | None
+    messages: list[ChatMessage]
+    rendered: Any
+    spliced: Any
+    prompt_ids: list[int]
+    link: Link
+
+
+def _turn_finder(
+    store: Store, echo_hashes: tuple[str, ...], scope: str | None
+) -> Callable[[str], list[TurnRecord]]:
+    """Recorded turns by output hash: in the named session first, then anywhere (one query
+    each for the call's assistant messages, more on demand)."""
+    by_hash = store.find_turns_by_output_hashes(echo_hashes) if echo_hashes else {}
+    in_scope = (
+        store.find_turns_by_output_hashes(echo_hashes, session_id=scope)
+        if scope and echo_hashes
+        else {}
+    )
+
+    def find_turns(h: str) -> list[TurnRecord]:
+        if in_scope.get(h):
+            return in_scope[h]
+        if h not in by_hash:
+            by_hash[h] = store.find_turns_by_output_hash(h, limit=20)
+        return by_hash[h]
+
+    return find_turns
 
 
 def prefill_for(choice: ToolChoice, native: bool) -> str:
@@ -167,6 +212,7 @@ def prepare_messages(
     side_kind: str | None = None,
     retry_count: int | None = None,
     client: dict[str, Any] | None = None,
+    memory: MemoryOptions | None = None,
 ) -> PreparedCall:
     """Render, splice, prefill and attribute already-normalised messages (blocking); every
     protocol (chat completions, Anthropic Messages, Responses) ends up here. Ephemeral harness
@@ -181,56 +227,81 @@ def prepare_messages(
         client: who called (``{"user_agent", "api_key_fingerprint"}``, as the turn records
             them), for the rules that must follow one client
             (:class:`clawrl.gateway.attribution.CallSignals`).
+        memory: the user's memory (``None``: off): a main call's messages get its entries in
+            the system message. A call that continues a recorded turn keeps the memory that turn
+            had (the conversation's prefix stays the one the policy saw); a new conversation
+            gets the memory as it is now (:class:`clawrl.memory.MemoryOptions`).
 
     Raises:
         ClientInputError: (400) a template that rejects the conversation.
         StoreError: the store could not be read.
     """
     messages, dropped = drop_ephemeral(messages)
-    rendered = render_prompt(tokenizer, messages, tools, choice)
     if explicit is None:
         explicit = harness_session(messages)
     scope = explicit.session_id if explicit else None
     side_kind = side_kind or side_kind_from_messages(messages)
-
-    # every assistant message's recorded turns, in one query (and one in the named session):
-    # the splice and the echo rule both read them
-    echo_hashes = tuple(
-        message_output_hash(m)
-        for m in messages
-        if m.role == "assistant" and (m.content or m.tool_calls)
-    )
-    by_hash = store.find_turns_by_output_hashes(echo_hashes) if echo_hashes else {}
-    in_scope = (
-        store.find_turns_by_output_hashes(echo_hashes, session_id=scope)
-        if scope and echo_hashes
-        else {}
-    )
-
-    def find_anywhere(h: str) -> list[TurnRecord]:
-        if h not in by_hash:
-            by_hash[h] = store.find_turns_by_output_hash(h, limit=20)
-        return by_hash[h]
-
-    def find_turns(h: str) -> list[TurnRecord]:
-        return in_scope.get(h) or find_anywhere(h)
-
-    spliced = splice_history(tokenizer, messages, rendered, find_turns)
     native = supports_native_tools(tokenizer)
     prefill = prefill_for(choice, native)
     prefill_ids = tokenizer.encode(prefill, add_special_tokens=False) if prefill else []
-    prompt_ids = [*spliced.token_ids, *prefill_ids]
-    signals = CallSignals(
-        retry_count=retry_count,
-        side=side_kind is not None,
-        client=client,
-        find_by_output=find_turns,
-        end_ids=special_ids(tokenizer),
-        echo_hashes=echo_hashes,
-        messages=tuple(messages),
-    )
     gen = generation_prompt_ids(tokenizer) or []
-    link: Link = link_call(store, prompt_ids, scope, signals, gen)
+
+    def attempt(option: dict[str, Any] | None) -> _Attempt:
+        msgs = apply_memory(client_messages, option)
+        rendered = render_prompt(tokenizer, msgs, tools, choice)
+        # every assistant message's recorded turns, in one query (and one in the named
+        # session): the splice and the echo rule both read them
+        echo_hashes = tuple(
+            message_output_hash(m)
+            for m in msgs
+            if m.role == "assistant" and (m.content or m.tool_calls)
+        )
+        find_turns = _turn_finder(store, echo_hashes, scope)
+        spliced = splice_history(tokenizer, msgs, rendered, find_turns)
+        prompt_ids = [*spliced.token_ids, *prefill_ids]
+        signals = CallSignals(
+            retry_count=retry_count,
+            side=side_kind is not None,
+            client=client,
+            find_by_output=find_turns,
+            end_ids=special_ids(tokenizer),
+            echo_hashes=echo_hashes,
+            messages=tuple(msgs),
+        )
+        link = link_call(store, prompt_ids, scope, signals, gen)
+        return _Attempt(option, msgs, rendered, spliced, prompt_ids, link)
+
+    client_messages = messages
+    options: list[dict[str, Any] | None] = [None]
+    if memory is not None and side_kind is None:
+        # the blocks of the recorded turns that gave the call's last answer come first
+        last = next((m for m in reversed(client_messages)
+                     if m.role == "assistant" and (m.content or m.tool_calls)), None)  # fmt: skip
+        recorded: list[dict[str, Any] | None] = []
+        if last is not None:
+            h = message_output_hash(last)
+            recorded = [t.memory for t in _turn_finder(store, (h,), scope)(h)]
+        options = memory.options(store, scope, client_messages, recorded)
+    # a conversation that began with another memory keeps it: the first option under which
+    # the call continues a recorded turn exactly, else the first it continues at all
+    first = attempt(options[0])
+    chosen = first if first.link.detail in EXACT_LINKS else None
+    loose = first if first.link.parent_turn_id is not None else None
+    for option in options[1:] if chosen is None else ():
+        tried = attempt(option)
+        if tried.link.detail in EXACT_LINKS and tried.link.parent_turn_id is not None:
+            chosen = tried
+            break
+        if loose is None and tried.link.parent_turn_id is not None:
+            loose = tried
+    chosen = chosen or loose or first
+    option, messages, rendered, spliced = (
+        chosen.option,
+        chosen.messages,
+        chosen.rendered,
+        chosen.spliced,
+    )
+    prompt_ids, link = chosen.prompt_ids, chosen.link
     history_link = None
     if link.history_turn is not None:
         rewrite = describe_rewrite(
@@ -283,4 +354,5 @@ def prepare_messages(
         history_link=history_link,
         sampling_seed=sampling_seed,
         sampling_attempt=sampling_attempt,
+        memory=option,
     )

@@ -198,6 +198,7 @@ def build_turn(ctx: CallContext, choice: ChoiceResult) -> TurnRecord:
         ttft_s=choice.ttft_s,
         client=ctx.client,
         session_source=p.session_source,
+        memory=p.memory,
         trainable=trainable,
         untrainable_reason=reason,
         created_at=ctx.created_at,

@@ -10,7 +10,8 @@
   prefix inference. 404 for an unknown session.
 * ``POST /v1/feedback`` — ``{"turn_id" | "session_id", "reward": -1..1, "comment"?}``: a
   next-state signal for the judge and the trainer. 400 for a reward out of range or no id,
-  404 for an unknown turn or session.
+  404 for an unknown turn or session. With ``clawrl serve --memory`` the comment's directive
+  goes into the memory before the answer (``"memory_changed"``: entries added or changed).
 """
 
 from __future__ import annotations
@@ -138,6 +139,11 @@ async def feedback(body: FeedbackRequest, request: Request) -> dict[str, Any]:
     """
     gw = _gw(request)
     fb = await anyio.to_thread.run_sync(_add_feedback, gw.store, body)
+    extra: dict[str, Any] = {}
+    memory = gw.memory
+    if memory is not None:  # the comment's directive reaches the next session at once
+        changed = await anyio.to_thread.run_sync(lambda: memory.sync(force=True))
+        extra["memory_changed"] = changed
     return {
         "id": fb.id,
         "object": "feedback",
@@ -146,4 +152,5 @@ async def feedback(body: FeedbackRequest, request: Request) -> dict[str, Any]:
         "reward": fb.reward,
         "comment": fb.comment,
         "created_at": fb.created_at,
+        **extra,
     }

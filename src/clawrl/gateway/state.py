@@ -10,6 +10,7 @@ from typing import Any
 from clawrl.config import SamplingConfig
 from clawrl.engine import Engine
 from clawrl.gateway.metrics import Metrics
+from clawrl.memory import MemoryKeeper
 from clawrl.store import Store, TurnRecord
 
 
@@ -30,6 +31,10 @@ class GatewayState:
             (``clawrl serve``'s console line per request).
         error_listeners: called with ``(method, path, status, message)`` for each error
             answered without a recorded turn (a refused request's console line).
+        memory: the preference memory main calls get (``clawrl serve --memory``; ``None``:
+            off).
+        memory_admin: with memory off, the keeper ``/v1/memory`` reads and changes entries
+            through (made on first use).
     """
 
     engine: Engine
@@ -42,6 +47,8 @@ class GatewayState:
     started_at: float = field(default_factory=time.time)
     turn_listeners: list[Callable[[list[TurnRecord]], None]] = field(default_factory=list)
     error_listeners: list[Callable[[str, str, int, str], None]] = field(default_factory=list)
+    memory: MemoryKeeper | None = None
+    memory_admin: MemoryKeeper | None = None
 
     @property
     def stop_token_ids(self) -> frozenset[int]:

@@ -1,6 +1,6 @@
 """The durable trajectory store: sessions, token-exact turns, feedback, judgments, samples,
-published policy versions and harness rollouts (groups, rollouts, verifier results), in a SQLite
-file or a PostgreSQL database.
+published policy versions, harness rollouts (groups, rollouts, verifier results) and preference
+memory entries, in a SQLite file or a PostgreSQL database.
 
 See :class:`Store` for the API and durability, :mod:`clawrl.store.schema` for the one schema
 declaration (both dialects), :mod:`clawrl.store.migrations` for adding tables and columns,
@@ -26,6 +26,7 @@ from clawrl.store.learning import (
     SampleRecord,
     SampleStatus,
 )
+from clawrl.store.memory import MemoryEntryRecord, MemorySource, MemoryStatus
 from clawrl.store.rollouts import (
     GroupDecision,
     RolloutGroupRecord,
@@ -59,6 +60,9 @@ __all__ = [
     "FeedbackRecord",
     "GroupDecision",
     "JudgmentRecord",
+    "MemoryEntryRecord",
+    "MemorySource",
+    "MemoryStatus",
     "PolicyVersionRecord",
     "RolloutGroupRecord",
     "RolloutPurpose",

@@ -36,6 +36,7 @@ from clawrl.store.codec import encode_ids, ids_digest, prefix_digests
 from clawrl.store.db import Conn, Database, is_url, open_database
 from clawrl.store.learning import LearningQueries
 from clawrl.store.leases import Leases
+from clawrl.store.memory import MemoryEntries
 from clawrl.store.migrations import applied_version, migrate
 from clawrl.store.rollouts import RolloutQueries
 from clawrl.store.rows import (
@@ -69,9 +70,9 @@ _IMMUTABLE_TURN_FIELDS = frozenset({"id", "session_id", "created_at", "prompt_id
 _SQL_CHUNK = 500  # bound on host parameters per IN (...) list
 
 
-class Store(LearningQueries, PolicyVersions, Leases, RolloutQueries):
+class Store(LearningQueries, PolicyVersions, Leases, RolloutQueries, MemoryEntries):
     """A durable, thread-safe store of sessions, turns and feedback (and judgments, samples,
-    policy versions, leases and harness rollouts: the mixins), in SQLite or PostgreSQL.
+    policy versions, leases, harness rollouts and memory entries: the mixins), in SQLite or PostgreSQL.
 
     Use as a context manager (``with Store(target) as store: ...``) or call :meth:`close`.
 

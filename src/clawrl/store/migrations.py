@@ -192,6 +192,34 @@ _V6: tuple[str, ...] = (
 )""",
 )
 
+# Version 7, frozen as shipped: never edit.
+_V7: tuple[str, ...] = (
+    "ALTER TABLE turns ADD COLUMN memory TEXT",
+    """CREATE TABLE memory_entries (
+    id TEXT PRIMARY KEY,
+    user_id TEXT NOT NULL DEFAULT '',
+    text TEXT NOT NULL,
+    status TEXT NOT NULL,
+    source TEXT NOT NULL,
+    source_turn_id TEXT,
+    source_session_id TEXT,
+    support INTEGER NOT NULL DEFAULT 1,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    ended_at REAL,
+    end_reason TEXT,
+    history TEXT NOT NULL DEFAULT '[]'
+)""",
+    "CREATE INDEX idx_memory_entries_user ON memory_entries (user_id, status, updated_at)",
+    """CREATE TABLE memory_sources (
+    id TEXT PRIMARY KEY,
+    user_id TEXT NOT NULL DEFAULT '',
+    entry_id TEXT,
+    recorded_at REAL NOT NULL,
+    taken_at REAL NOT NULL
+)""",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema: sessions, turns, feedback", _V1),
     Migration(2, "judge verdicts (judgments) and trainer bookkeeping (samples)", _V2),
@@ -220,6 +248,12 @@ MIGRATIONS: tuple[Migration, ...] = (
         6,
         "harness mode: rollout groups, rollouts and verifier results (was rollouts.jsonl)",
         _V6,
+    ),
+    Migration(
+        7,
+        "preference memory: memory_entries, memory_sources, and what a turn's prompt got from it "
+        "(turns.memory)",
+        _V7,
     ),
 )
 """Every schema step in order; ``MIGRATIONS[-1].version == SCHEMA_VERSION``."""

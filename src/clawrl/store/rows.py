@@ -133,6 +133,7 @@ def turn_to_row(turn: TurnRecord) -> dict[str, Any]:
         "prefix_turn_id": None,
         "prefix_len": 0,
         "messages_prefix_len": 0,
+        "memory": None if turn.memory is None else dump_json(turn.memory, "turn.memory"),
     }
 
 
@@ -169,6 +170,7 @@ def row_to_turn(row: Mapping[str, Any], full: FullTurn) -> TurnRecord:
         prompt_ids=decode_ids(full.prompt),
         completion_ids=decode_ids(full.completion),
         sampling_logprobs=decode_floats(row["sampling_logprobs"]),
+        memory=load_json(row["memory"]) if "memory" in row.keys() else None,  # noqa: SIM118
     )
 
 

@@ -32,6 +32,12 @@ before version 4) hold their full prompt.
 **Harness rollouts** (version 6, :mod:`clawrl.store.rollouts`): ``rollout_groups`` (one per
 GRPO group, with the trainer's decision), ``rollouts`` (one per harness rollout; its id is the
 rollout's session id) and ``verifier_results`` (the verifier's reward, or its error).
+
+**Preference memory** (version 7, :mod:`clawrl.store.memory`): ``memory_entries`` (a user's
+remembered directives, with their source turn and history), ``memory_sources`` (each hint or
+feedback comment the memory took, ``kind:id``, so any process takes it once) and
+``turns.memory`` (what the gateway added to a turn's prompt from the memory, JSON, ``NULL``
+when nothing).
 """
 
 from __future__ import annotations
@@ -52,7 +58,7 @@ class _Executes(Protocol):
     def execute(self, sql: str, params: Any = ...) -> Any: ...
 
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 """Version of :data:`SCHEMA`; equals the last migration's version."""
 
 MIGRATIONS_TABLE = """
@@ -62,6 +68,32 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
     applied_at REAL NOT NULL
 )"""
 """Bookkeeping table: one row per applied migration (both on fresh and on migrated files)."""
+
+MEMORY_ENTRIES = """CREATE TABLE memory_entries (
+    id TEXT PRIMARY KEY,
+    user_id TEXT NOT NULL DEFAULT '',
+    text TEXT NOT NULL,
+    status TEXT NOT NULL,
+    source TEXT NOT NULL,
+    source_turn_id TEXT,
+    source_session_id TEXT,
+    support INTEGER NOT NULL DEFAULT 1,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    ended_at REAL,
+    end_reason TEXT,
+    history TEXT NOT NULL DEFAULT '[]'
+)"""
+MEMORY_INDEX = (
+    "CREATE INDEX idx_memory_entries_user ON memory_entries (user_id, status, updated_at)"
+)
+MEMORY_SOURCES = """CREATE TABLE memory_sources (
+    id TEXT PRIMARY KEY,
+    user_id TEXT NOT NULL DEFAULT '',
+    entry_id TEXT,
+    recorded_at REAL NOT NULL,
+    taken_at REAL NOT NULL
+)"""
 
 SCHEMA: tuple[str, ...] = (
     """
@@ -113,7 +145,8 @@ CREATE TABLE turns (
     sampling_logprobs BLOB NOT NULL,
     prefix_turn_id TEXT,
     prefix_len INTEGER NOT NULL DEFAULT 0,
-    messages_prefix_len INTEGER NOT NULL DEFAULT 0
+    messages_prefix_len INTEGER NOT NULL DEFAULT 0,
+    memory TEXT
 )""",
     "CREATE INDEX idx_turns_session ON turns (session_id, created_at)",
     "CREATE INDEX idx_turns_output_hash ON turns (output_hash)",
@@ -206,6 +239,10 @@ CREATE TABLE feedback (
     created_at REAL NOT NULL,
     CHECK (reward IS NOT NULL OR error IS NOT NULL)
 )""",
+    # preference memory (version 7, clawrl.store.memory)
+    MEMORY_ENTRIES,
+    MEMORY_INDEX,
+    MEMORY_SOURCES,
 )
 """The current schema, statement by statement (executed in order on a fresh file)."""
 

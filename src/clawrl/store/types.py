@@ -105,7 +105,8 @@ class TurnRecord:
         kind: main or side call.
         side_kind: for side calls, what kind (:class:`SideKind` or any string).
         protocol: the client API of the call.
-        request_messages: the neutral chat messages as the client gave them (JSON list).
+        request_messages: the neutral chat messages as the client gave them (JSON list), with
+            the memory block in the system message when ``memory`` says so.
         tools: the tool declarations as given (JSON list), or ``None``.
         sampling_params: the sampling parameters used (JSON object).
         policy_version: the version of the weights that sampled every token.
@@ -125,6 +126,11 @@ class TurnRecord:
         untrainable_reason: a :class:`UntrainableReason` value (or another string).
         created_at: seconds since the epoch when the request arrived.
         choice_index: which choice for ``n > 1`` requests (0 otherwise).
+        memory: what the gateway added to the prompt from the user's memory
+            (:func:`clawrl.memory.prompt.with_memory`: ``{"entries", "text", "index", "mode"}``);
+            ``prompt_ids`` and ``request_messages`` hold it (what the policy saw;
+            :func:`clawrl.memory.prompt.without_memory` gives the client's messages back);
+            ``None``: nothing.
     """
 
     session_id: str
@@ -155,6 +161,7 @@ class TurnRecord:
     untrainable_reason: str | None = None
     created_at: float = field(default_factory=time.time)
     choice_index: int = 0
+    memory: dict[str, Any] | None = None
 
     @property
     def seq_ids(self) -> list[int]:

@@ -10,7 +10,7 @@ Line format (``format: "clawrl.trajectory"``, ``version`` :data:`EXPORT_VERSION`
                 "root_reason", "kind", "side_kind",
                 "agent_id", "spawned_by", "attribution", "attribution_confidence",
                 "status", "finish_reason", "policy_version", "prompt_len", "completion_len",
-                "trainable", "untrainable_reason",
+                "trainable", "untrainable_reason", "memory",
                 "next_state": null | {"role", "ids", "messages", "child_turn_id",
                                       "other_child_ids", "feedback", "note", "changes"}}],
      "feedback": [{"id", "turn_id", "reward", "comment", "created_at"}],
@@ -29,6 +29,10 @@ verifier never ran. Sessions that are no rollout have ``"rollout": null``.
 null for a root), ``history_changes`` how its prompt differs from a ``history_rewritten``
 parent's sampled ids (``[]`` otherwise), and a next state's ``changes`` the same for the child it
 was taken from (:mod:`clawrl.trajectory.history`).
+
+``memory`` (version 4) is what the preference memory added to the turn's prompt
+(``TurnRecord.memory``: the entry ids and the block in the system message, which the row's
+``input_ids`` hold), null when nothing.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from clawrl.trajectory.next_state import next_state
 from clawrl.trajectory.rows import training_rows
 from clawrl.trajectory.tree import load_tree
 
-EXPORT_VERSION = 3
+EXPORT_VERSION = 4
 
 
 def _feedback(f: FeedbackRecord) -> dict[str, Any]:
@@ -114,6 +118,7 @@ def session_export(store: Store, session_id: str) -> dict[str, Any]:
                 "untrainable_reason": (
                     None if node.untrainable_reason is None else str(node.untrainable_reason)
                 ),
+                "memory": turn.memory,
                 "next_state": None
                 if state is None
                 else {

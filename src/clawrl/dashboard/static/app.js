@@ -335,6 +335,26 @@ function renderJudge(d) {
   ];
 }
 
+function renderMemory(d) {
+  const turn = (e) => e.source_session_id
+    ? el("a", { href: `${sessionHref(e.source_session_id)}#turn-${e.source_turn_id}`, class: "mono", text: short(e.source_turn_id) })
+    : el("span", { class: "muted", text: "–" });
+  const row = (e) => el("tr", {}, el("td", { class: "mono", text: short(e.id) }), el("td", { text: e.text }),
+    el("td", { text: e.status + (e.end_reason ? ` (${e.end_reason})` : "") }), el("td", { text: e.source }), el("td", {}, turn(e)),
+    el("td", { text: String(e.support) }), el("td", {}, when(e.updated_at)));
+  const headers = ["entry", "text", "status", "source", "from turn", "support", "updated"];
+  return [
+    el("section", { class: "cards" }, card("active entries", String(d.active.length), d.enabled === false ? "memory is off for this server (clawrl serve --memory adds them to prompts)" : "added to the system message of main calls"),
+      card("replaced", String(d.counts.replaced || 0), "a newer directive contradicted them"),
+      card("evicted", String(d.counts.evicted || 0), "pushed out by the cap (memory.max_entries)"),
+      card("turned off", String(d.counts.disabled || 0), "by hand (clawrl memory edit --off)")),
+    el("h2", { text: "Active" }),
+    d.active.length ? table(headers, d.active.map(row)) : el("p", { class: "muted", text: "no entries: hints and feedback comments add them (clawrl memory add, POST /v1/memory)" }),
+    el("h2", { text: "Ended" }),
+    d.ended.length ? table(headers, d.ended.map(row)) : el("p", { class: "muted", text: "none" }),
+  ];
+}
+
 // -- polling ---------------------------------------------------------------------------------
 const PAGES = {
   overview: { api: () => "overview", render: renderOverview },
@@ -342,6 +362,7 @@ const PAGES = {
   session: { api: () => `session?id=${encodeURIComponent(body.dataset.session)}`, render: renderSession },
   training: { api: () => "training", render: renderTraining },
   judge: { api: () => "judge", render: renderJudge },
+  memory: { api: () => "memory", render: renderMemory },
 };
 const page = PAGES[body.dataset.page];
 let lastText = null;

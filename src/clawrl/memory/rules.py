@@ -1,0 +1,140 @@
+"""How a new directive changes a user's memory: add it, merge it into a near-duplicate, or let it
+replace an entry it contradicts.
+
+A directive is a short instruction to the assistant, in the user's words: a judge's hindsight
+hint ("Lead with the number, then one sentence.") or the directive sentence of a feedback
+comment (:func:`clawrl.judge.hints.extract_directive`). The rules are lexical, so they can be
+checked by reading them:
+
+* **Near-duplicate**: the two texts' content words (lowercased, stopwords removed,
+  :func:`clawrl.judge.hints.content_tokens`) overlap with ROUGE-1 F1 >= :data:`DUPLICATE_F1`
+  (the measure the judge's hint selection uses). The entry is kept, its ``support`` grows and
+  its text becomes the newer wording (the user's latest way of saying it).
+* **Contradiction**: the two texts point in opposite directions on the same thing: one holds a
+  word of an :data:`OPPOSITES` pair and the other its opposite, about the whole answer (length,
+  register: :data:`GLOBAL_PAIRS`) or about the same topic (content-word F1 >= :data:`TOPIC_F1`
+  once the words that carry a direction are left out); or one is negated ("don't", "never",
+  "no", "without") and the other is not, on the same topic (a higher bar,
+  :data:`NEGATION_TOPIC_F1`). The newer directive replaces the older entry ("longer answers
+  please" after "keep it short").
+* Otherwise the directive is a new entry; past the cap, the entry updated least recently is
+  evicted.
+
+Nothing here touches the store: :func:`decide` returns what to do, and
+:class:`clawrl.memory.keeper.MemoryKeeper` does it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from clawrl.judge.hints import content_tokens, overlap_f1
+
+DUPLICATE_F1 = 0.6
+"""Content-word ROUGE-1 F1 at or above which two directives are one entry."""
+
+TOPIC_F1 = 0.3
+"""Content-word F1 (direction words left out) at or above which two directives are about the
+same thing, so opposite direction words contradict."""
+
+NEGATION_TOPIC_F1 = 0.5
+"""Topic F1 at or above which a directive negated on one side only contradicts the other
+("don't show the steps" against "show every step"; not "don't use bold" against "use bullet
+points", F1 0.4)."""
+
+_PAIRS = (
+    (
+        "short shorter shortest brief briefer concise terse",
+        "long longer longest detailed verbose elaborate expand",
+    ),
+    ("first start begin lead", "last end finish after"),
+    ("omit skip drop remove", "include add show"),
+    ("simple simpler plain", "complex technical formal"),
+    ("casual informal", "formal"),
+    ("less fewer", "more"),
+)
+OPPOSITES: tuple[tuple[frozenset[str], frozenset[str]], ...] = tuple(
+    (frozenset(a.split()), frozenset(b.split())) for a, b in _PAIRS
+)
+"""Pairs of word sets that point in opposite directions."""
+
+GLOBAL_PAIRS = frozenset({0, 4})
+"""Pairs (by index in :data:`OPPOSITES`) about the whole answer (its length, its register):
+opposite directions contradict whatever else the two directives name ("Longer answers please."
+against "Keep it short."). The others need the same topic ("Put the number last." against
+"Lead with the number.", not "Remove the emojis." against "Keep it short.")."""
+
+_NEGATION = re.compile(r"\b(don'?t|do not|never|no|not|stop|without|avoid|quit)\b", re.I)
+_DIRECTION = frozenset(w for pair in OPPOSITES for side in pair for w in side)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What a new directive does to the memory.
+
+    Attributes:
+        action: ``add`` a new entry; ``merge`` into ``target`` (a near-duplicate); ``replace``
+            ``target`` (a contradicted entry) with a new entry.
+        target: the index, in the entries given to :func:`decide`, of the entry merged into or
+            replaced (``None`` for ``add``).
+        why: one line for the log and the entry's history.
+    """
+
+    action: Literal["add", "merge", "replace"]
+    target: int | None = None
+    why: str = ""
+
+
+def _direction(words: Sequence[str]) -> set[int]:
+    """Which side (0 / 1) of each :data:`OPPOSITES` pair the words take, as ``2 * pair + side``."""
+    out = set()
+    for i, (a, b) in enumerate(OPPOSITES):
+        if a & set(words):
+            out.add(2 * i)
+        if b & set(words):
+            out.add(2 * i + 1)
+    return out
+
+
+def _words(text: str) -> list[str]:
+    """Content words, plural ``s`` cut ("steps" and "step" are one word)."""
+    return [w[:-1] if len(w) > 3 and w.endswith("s") and not w.endswith("ss") else w
+            for w in content_tokens(text)]  # fmt: skip
+
+
+def contradicts(new: str, old: str) -> bool:
+    """Whether directive ``new`` points the opposite way from ``old`` on the same topic (module
+    doc): opposite direction words of a :data:`GLOBAL_PAIRS` pair, or of another pair with topic
+    F1 >= :data:`TOPIC_F1`, or a negation on one side only with topic F1 >=
+    :data:`NEGATION_TOPIC_F1`."""
+    nw, ow = _words(new), _words(old)
+    rest_n = [w for w in nw if w not in _DIRECTION]
+    rest_o = [w for w in ow if w not in _DIRECTION]
+    topic = overlap_f1(rest_n, rest_o)
+    opposed = [d // 2 for d in _direction(nw) if (d ^ 1) in _direction(ow)]
+    if any(p in GLOBAL_PAIRS for p in opposed) or (opposed and topic >= TOPIC_F1):
+        return True
+    negated = bool(_NEGATION.search(new)) != bool(_NEGATION.search(old))
+    return negated and topic >= NEGATION_TOPIC_F1
+
+
+def decide(entries: Sequence[str], new: str) -> Decision:
+    """What ``new`` does to the memory whose active entries' texts are ``entries`` (in any
+    order): the first contradicted entry is replaced; else the most similar near-duplicate
+    takes it; else it is added.
+    """
+    nw = _words(new)
+    for i, text in enumerate(entries):
+        if contradicts(new, text):
+            return Decision("replace", i, f"contradicts {text!r}")
+    best, best_f1 = None, 0.0
+    for i, text in enumerate(entries):
+        f1 = overlap_f1(nw, _words(text))
+        if f1 > best_f1:
+            best, best_f1 = i, f1
+    if best is not None and best_f1 >= DUPLICATE_F1:
+        return Decision("merge", best, f"same as {entries[best]!r} (F1 {best_f1:.2f})")
+    return Decision("add", None, "new")

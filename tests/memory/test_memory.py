@@ -1,0 +1,192 @@
+"""Preference memory: the merge / replace rules, the prompt block, and the keeper over a store
+(both backends): sources taken exactly once, the cap, restarts, edits and forgetting."""
+
+from __future__ import annotations
+
+import pytest
+
+from clawrl.chat import ChatMessage
+from clawrl.memory import (
+    MEMORY_HEADER,
+    MemoryKeeper,
+    apply_memory,
+    contradicts,
+    decide,
+    with_memory,
+    without_memory,
+)
+from clawrl.store import (
+    JudgmentRecord,
+    MemorySource,
+    MemoryStatus,
+    SessionSource,
+    Store,
+    TurnRecord,
+)
+
+# --- rules -----------------------------------------------------------------------------------
+
+ENTRIES = ["Keep it short.", "Lead with the number.", "Don't use bold."]
+
+
+@pytest.mark.parametrize(
+    ("text", "action", "target"),
+    [
+        ("Longer answers please.", "replace", 0),  # short vs longer
+        ("lead with the number please", "merge", 1),  # same words
+        ("Put the number last.", "replace", 1),  # lead vs last, same topic
+        ("Use bold for the answer.", "replace", 2),  # negation on one side, same topic
+        ("Use bullet points.", "add", None),  # another topic
+        ("Show every step.", "add", None),
+        ("Give the answer in one sentence.", "add", None),
+    ],
+)
+def test_decide(text, action, target):
+    d = decide(ENTRIES, text)
+    assert (d.action, d.target) == (action, target), d.why
+
+
+def test_contradiction_needs_the_same_topic():
+    assert contradicts("Don't show the steps.", "Show every step.")
+    assert not contradicts("Don't use bold.", "Use bullet points.")
+    assert not contradicts("Lead with the number.", "End with a question.")
+    assert decide([], "anything at all").action == "add"
+
+
+# --- prompt block ----------------------------------------------------------------------------
+
+SYS = ChatMessage(role="system", content="  You are terse.")
+USER = ChatMessage(role="user", content="What is 2+2?")
+
+
+@pytest.mark.parametrize("messages", [[SYS, USER], [USER]])
+def test_memory_block_round_trip(messages):
+    out, info = with_memory(messages, ["a", "b"], ["Lead with the number.", " Be  brief. "])
+    assert info is not None and info["entries"] == ["a", "b"]
+    assert info["text"] == f"{MEMORY_HEADER}\n- Lead with the number.\n- Be brief."
+    assert info["mode"] == ("appended" if messages[0].role == "system" else "inserted")
+    assert out[0].role == "system" and out[0].content.endswith(info["text"])
+    if messages[0].role == "system":
+        assert out[0].content.startswith("  You are terse.\n\n")  # the client's text untouched
+    assert without_memory(out, info) == messages
+    assert apply_memory(messages, info) == out
+    assert with_memory(messages, [], []) == (messages, None)
+    with pytest.raises(ValueError, match="memory block"):
+        without_memory(messages, info)  # these do not hold it
+
+
+# --- keeper over a store ---------------------------------------------------------------------
+
+
+def _turn(store: Store, session: str = "s1") -> TurnRecord:
+    store.get_or_create_session(session, SessionSource.HEADER)
+    t = TurnRecord(session_id=session, prompt_ids=[1, 2, 3], completion_ids=[4],
+                   sampling_logprobs=[-0.5])  # fmt: skip
+    store.record_turn(t)
+    return t
+
+
+def _hint(store: Store, text: str, session: str = "s1") -> TurnRecord:
+    t = _turn(store, session)
+    store.record_judgment(JudgmentRecord(t.id, session, -1, backend="choice", hint=text))
+    return t
+
+
+def test_keeper_takes_hints_and_feedback_once_and_survives_restarts(store_target):
+    target = store_target()
+    with Store(target) as store:
+        keeper = MemoryKeeper(store, sync_s=0.0)
+        t1 = _hint(store, "Lead with the number.")
+        t2 = _turn(store)
+        store.add_feedback(-1.0, turn_id=t2.id, comment="Way too long. Keep it to two sentences.")
+        store.add_feedback(1.0, turn_id=t2.id, comment="thanks!")  # no directive: nothing
+        assert keeper.sync(force=True) == 2
+        assert keeper.sync(force=True) == 0  # exactly once
+        entries = store.memory_entries()
+        # the comment's directive sentences (clawrl.judge.hints.extract_directive)
+        two = "Way too long. Keep it to two sentences."
+        assert [e.text for e in entries] == ["Lead with the number.", two]
+        assert [e.source for e in entries] == [MemorySource.HINT, MemorySource.FEEDBACK]
+        assert entries[0].source_turn_id == t1.id and entries[1].source_turn_id == t2.id
+        _hint(store, "lead with the number please")  # a near-duplicate merges
+        assert keeper.sync(force=True) == 1
+    with Store(target) as store:  # a restart: the same entries, nothing taken twice
+        keeper = MemoryKeeper(store, sync_s=0.0)
+        assert keeper.sync(force=True) == 0
+        other = MemoryKeeper(store, sync_s=0.0)  # another process on the same store
+        _hint(store, "Never use bold.")
+        assert keeper.sync(force=True) + other.sync(force=True) == 1  # taken once in all
+        keeper.edit(store.memory_entries()[-1].id, active=False)
+        snap = keeper.snapshot()
+        assert snap.texts == (
+            "lead with the number please",
+            "Way too long. Keep it to two sentences.",
+        )
+        assert store.memory_entries()[0].support == 2
+
+
+def test_keeper_replaces_contradictions_and_keeps_the_cap(store_target):
+    with Store(store_target()) as store:
+        keeper = MemoryKeeper(store, max_entries=2, sync_s=0.0)
+        short = keeper.remember("Keep it short.")
+        keeper.remember("Use bullet points.")
+        longer = keeper.remember("Longer answers please.")
+        assert longer is not None and short is not None
+        old = store.get_memory_entry(short.id)
+        assert old.status == MemoryStatus.REPLACED and longer.id in old.end_reason
+        assert {e.text for e in store.memory_entries()} == {"Use bullet points.",
+                                                            "Longer answers please."}  # fmt: skip
+        keeper.remember("Always answer in French.")  # over the cap: the oldest update goes
+        active = store.memory_entries()
+        assert [e.text for e in active] == ["Longer answers please.", "Always answer in French."]
+        evicted = [e for e in store.memory_entries(active_only=False)
+                   if e.status == MemoryStatus.EVICTED]  # fmt: skip
+        assert [e.text for e in evicted] == ["Use bullet points."]
+
+
+def test_edit_and_forget(store_target):
+    target = store_target()
+    with Store(target) as store:
+        keeper = MemoryKeeper(store, sync_s=0.0)
+        t = _hint(store, "Lead with the number.")
+        keeper.sync(force=True)
+        (e,) = store.memory_entries()
+        keeper.edit(e.id, text="Lead with the number, then one sentence.")
+        keeper.edit(e.id, active=False)
+        assert store.memory_entries() == []
+        keeper.edit(e.id, active=True)
+        assert [x.text for x in store.memory_entries()] == [
+            "Lead with the number, then one sentence."
+        ]
+        with pytest.raises(KeyError):
+            keeper.edit("nope", text="x")
+        with pytest.raises(ValueError, match="needs a text"):
+            keeper.edit(e.id, text="   ")
+        assert keeper.forget(e.id) and not keeper.forget(e.id)
+        with pytest.raises(KeyError):
+            keeper.edit(e.id, text="back")  # a forgotten entry cannot be edited back
+        gone = store.get_memory_entry(e.id)
+        assert gone.status == MemoryStatus.FORGOTTEN
+        assert "number" not in repr(gone)  # its words are gone (the source ids stay)
+        assert gone.source_turn_id == t.id
+    with Store(target) as store:  # the forgotten hint is not taken again after a restart
+        keeper = MemoryKeeper(store, sync_s=0.0)
+        assert keeper.sync(force=True) == 0 and store.memory_entries() == []
+
+
+def test_options_keep_a_conversations_block_but_not_forgotten_words(store_target):
+    with Store(store_target()) as store:
+        keeper = MemoryKeeper(store, sync_s=0.0)
+        lead = keeper.remember("Lead with the number.")
+        bullets = keeper.remember("Use bullet points.")
+        (began,) = keeper.options(store, None, [USER])  # a new conversation: the memory now
+        assert began is not None and began["entries"] == [lead.id, bullets.id]
+        keeper.remember("Answer in French.")
+        later = [USER, ChatMessage(role="assistant", content="42"),
+                 ChatMessage(role="user", content="And 18 + 25?")]  # fmt: skip
+        opts = keeper.options(store, None, later, recorded=[began])
+        assert opts[0] == began  # the block its last answer had, first
+        assert "French" in opts[1]["text"] and opts[-1] is None  # then now, then none
+        keeper.forget(lead.id)
+        opts = keeper.options(store, None, later, recorded=[began])
+        assert opts[0]["entries"] == [bullets.id] and "Lead" not in opts[0]["text"]
