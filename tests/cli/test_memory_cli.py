@@ -44,3 +44,5 @@ def test_memory_commands(tmp_path, capsys):
     assert "no memory entry starts with 'zz'" in capsys.readouterr().err
     assert main(["memory", "edit", eid, "--store", db]) == 1
     assert "nothing to change" in capsys.readouterr().err
+    assert main(["memory", "add", "x" * 501, "--store", db]) == 1
+    assert "at most 500 characters, got 501" in capsys.readouterr().err

@@ -116,9 +116,12 @@ def test_side_calls_and_memory_off_get_nothing(tokenizer, tmp_path):
                                                 extra_headers={"x-session-id": "o"})  # fmt: skip
         (t,) = _turns(store, "o")
         assert t.memory is None and "Lead with" not in tokenizer.decode(t.prompt_ids)
+        added = httpx.post(f"{server.url}/v1/memory", json={"text": "Use bullet points."}).json()
+        assert "memory is off" in added["note"]
         listed = httpx.get(f"{server.url}/v1/memory").json()
         assert listed["enabled"] is False and [e["text"] for e in listed["data"]] == [
-            "Lead with the number."
+            "Lead with the number.",
+            "Use bullet points.",
         ]
 
 
@@ -126,7 +129,7 @@ def test_memory_routes(tokenizer, tmp_path):
     with _served(tokenizer, tmp_path / "s.db") as (server, store):
         url = f"{server.url}/v1/memory"
         r = httpx.post(url, json={"text": "Keep it short."})
-        assert r.status_code == 201 and r.json()["status"] == "active"
+        assert r.status_code == 201 and r.json()["status"] == "active" and "note" not in r.json()
         eid = r.json()["id"]
         r = httpx.post(url, json={"text": "Longer answers please."})  # contradicts: replaces
         new = r.json()["id"]

@@ -147,6 +147,11 @@ def run_show(args: argparse.Namespace) -> int:
 
 
 def run_add(args: argparse.Namespace) -> int:
+    from clawrl.store.memory import MAX_TEXT_CHARS
+
+    if len(args.text) > MAX_TEXT_CHARS:
+        raise ClientInputError(f"a memory entry is at most {MAX_TEXT_CHARS} characters, got "
+                               f"{len(args.text)}: keep one directive per entry")  # fmt: skip
     keeper = _keeper(args)
     with keeper.store:
         before = {e.id for e in keeper.store.memory_entries(keeper.user_id)}
@@ -159,8 +164,13 @@ def run_add(args: argparse.Namespace) -> int:
 
 
 def run_edit(args: argparse.Namespace) -> int:
+    from clawrl.store.memory import MAX_TEXT_CHARS
+
     if args.text is None and args.active is None:
         raise ClientInputError("nothing to change: give --text, --off or --on")
+    if args.text is not None and len(args.text) > MAX_TEXT_CHARS:
+        raise ClientInputError(f"a memory entry is at most {MAX_TEXT_CHARS} characters, got "
+                               f"{len(args.text)}")  # fmt: skip
     keeper = _keeper(args)
     with keeper.store:
         try:

@@ -11,7 +11,9 @@ with ``clawrl serve --memory``, to read and change while it serves.
 
 An entry is ``{"id", "object": "memory.entry", "text", "status", "source", "source_turn_id",
 "source_session_id", "support", "created_at", "updated_at", "ended_at", "end_reason"}`` (and
-``"history"`` from ``GET /v1/memory/{id}``). Errors are OpenAI-shaped (400, 404).
+``"history"`` from ``GET /v1/memory/{id}``; ``"note"`` from ``POST`` and ``PATCH`` when the
+server runs without ``--memory``: the entry is kept, not used). Errors are OpenAI-shaped (400,
+404).
 """
 
 from __future__ import annotations
@@ -30,6 +32,16 @@ from clawrl.store import MemoryEntryRecord, MemoryStatus
 from clawrl.store.memory import MAX_TEXT_CHARS
 
 router = APIRouter()
+
+
+OFF_NOTE = ("memory is off on this server: the entry is kept but not added to prompts "
+            "(clawrl serve --memory adds them)")  # fmt: skip
+"""The ``note`` of an entry added or changed while memory is off."""
+
+
+def _gw(request: Request) -> GatewayState:
+    gw: GatewayState = request.app.state.gateway
+    return gw
 
 
 def _keeper(request: Request) -> MemoryKeeper:
@@ -93,7 +105,10 @@ async def add_memory(body: MemoryAdd, request: Request) -> JSONResponse:
         raise ClientInputError("a memory entry needs a text", param="text")
     e = await anyio.to_thread.run_sync(keeper.remember, body.text)
     assert e is not None  # a non-empty text always lands
-    return JSONResponse(entry_json(e), status_code=201)
+    out = entry_json(e)
+    if _gw(request).memory is None:
+        out["note"] = OFF_NOTE
+    return JSONResponse(out, status_code=201)
 
 
 @router.patch("/v1/memory/{entry_id}")
@@ -110,7 +125,10 @@ async def edit_memory(entry_id: str, body: MemoryEdit, request: Request) -> dict
         except ValueError as e:
             raise ClientInputError(str(e), param="active" if body.active else "text") from e
 
-    return entry_json(await anyio.to_thread.run_sync(edit))
+    out = entry_json(await anyio.to_thread.run_sync(edit))
+    if _gw(request).memory is None:
+        out["note"] = OFF_NOTE
+    return out
 
 
 @router.delete("/v1/memory/{entry_id}")
