@@ -36,6 +36,7 @@ mode's warm-start gateway over scripted replies, :func:`build_replay_gateway`.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +48,8 @@ from clawrl.engine.threads import call_in_transient_thread
 from clawrl.errors import ConfigError
 from clawrl.judge.worker import JudgeFn
 from clawrl.store import Store
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -359,11 +362,29 @@ def build_runtime(
             "server.external_trainer needs server.version_poll_s > 0: an external trainer's "
             "versions reach this gateway only through the store"
         )
+    if config.memory.distill and not (method.trains and online and not external):
+        raise ConfigError(
+            "memory.distill trains the served policy's memory turns: it needs an online "
+            "method that trains in this process (opd or combine; not off, a harness method, "
+            "or server.external_trainer)"
+        )
+    if config.memory.distill and not method.needs.uses_hint:
+        raise ConfigError(f"memory.distill needs a method with a teacher (opd or combine), not "
+                          f"{method.kind!r}")  # fmt: skip
+    if config.memory.distill and not config.memory.enabled:
+        log.warning("memory.distill without memory.enabled: only turns that other replicas "
+                    "served with memory are distilled (clawrl serve --memory --distill)")  # fmt: skip
     owned: list[Callable[[], None]] = []
     try:
         if not isinstance(store, Store):  # first: a bad store URL fails before the model loads
             store = Store(store if store is not None else config.server.store)
             owned.append(store.close)
+        from clawrl.memory import MemoryKeeper
+
+        keeper = MemoryKeeper(
+            store, max_entries=config.memory.max_entries, sync_s=config.memory.sync_s,
+            retire_gap=config.memory.retire_gap, retire_turns=config.memory.retire_turns,
+        )  # fmt: skip
         # torch work (loading, building the trainer and the judge) runs in threads that end
         # with it: the main thread would keep an OpenMP team that slows the engine's thread
         # as long as the server runs (clawrl.engine.threads)
@@ -387,6 +408,7 @@ def build_runtime(
             service = call_in_transient_thread(lambda: OnlineService(
                 store, engine, policy, judged_by, config.trainer,
                 judge_timeout_s=config.judge.timeout_s, schedule=schedule, metrics=metrics,
+                memory=keeper if config.memory.distill else None,
             ), name="clawrl-load")  # fmt: skip
         elif method.trains and not online:  # harness mode: the caller steps this learner
             from clawrl.trainer import Trainer
@@ -416,10 +438,6 @@ def build_runtime(
 
             follower = VersionFollower(store, engine, config.server.version_poll_s)
             lifespan = follower.lifespan
-        from clawrl.memory import MemoryKeeper
-
-        keeper = MemoryKeeper(store, max_entries=config.memory.max_entries,
-                              sync_s=config.memory.sync_s)  # fmt: skip
         memory = keeper if config.memory.enabled else None
         app = create_app(
             engine, policy.tokenizer, store, model_name=name, api_key=api_key,
@@ -539,6 +557,10 @@ def build_trainer_process(
     if method.needs.group:
         raise ConfigError(f"method {method.kind!r} needs rollout groups: use it in harness "
                           "mode (clawrl harness train)")  # fmt: skip
+    if config.memory.distill:
+        raise ConfigError("memory.distill runs in the serving process's online learner "
+                          "(clawrl serve --memory --distill --method combine); clawrl train "
+                          "does not distil the memory yet")  # fmt: skip
     if policy is None:
         policy = load_model(config.model_copy(update={
             "model": config.model.model_copy(update={"device": "cpu"})}))  # fmt: skip

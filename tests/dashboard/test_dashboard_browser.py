@@ -163,11 +163,25 @@ def test_memory_page(live, page, tmp_path):
     base = f"{live.server.url}/v1/memory"
     for text in (f"Lead with the number. {TRICKY}", "Keep it short.", "Longer answers please."):
         assert httpx.post(base, json={"text": text}).status_code == 201
+    from clawrl.memory import MemoryKeeper
+
+    first = httpx.get(base).json()["data"][0]
+    assert first["text"].startswith("Lead with")
+    keeper = MemoryKeeper(live.runtime.store, retire_turns=2, retire_gap=0.05)
+    keeper.record_distillation([("t1", [first["id"]], 0.25)], step=3)  # the gap, not retired
     load(page, f"{live.url}/memory")
     assert page.locator('[data-card="active entries"] .card-value').inner_text() == "2"
     assert page.locator('[data-card="replaced"] .card-value').inner_text() == "1"
-    assert TRICKY in page.locator("main table").first.inner_text()
+    assert page.locator('[data-card="retired"] .card-value').inner_text() == "0"
+    active = page.locator("main table").first.inner_text()
+    assert TRICKY in active and "0.250 (1)" in active
     assert "Keep it short." in page.locator("main table").nth(1).inner_text()
+    keeper.record_distillation([("t2", [first["id"]], 0.01), ("t3", [first["id"]], 0.0)], step=4)
+    page.wait_for_timeout(1100)  # the dashboard's cache (CACHE_S)
+    load(page, f"{live.url}/memory")
+    assert page.locator('[data-card="retired"] .card-value').inner_text() == "1"
+    ended = page.locator("main table").nth(1).inner_text()
+    assert "retired (the weights alone follow it" in ended and "0.005 (2)" in ended
     page.wait_for_timeout(300)
     assert page.evaluate("window.__pwned") is None
     assert page.locator("main img, main script").count() == 0

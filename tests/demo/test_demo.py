@@ -197,3 +197,48 @@ def test_the_demo_trains_combined_with_its_tuned_weights_unless_configured(tmp_p
     assert (mine.trainer.method.advantage.w_rl, mine.trainer.method.advantage.w_opd) == (1.0, 0.5)
     rl = method_config(load_config(None), "rl", DemoSettings(), tmp_path, 0)
     assert rl.trainer.method.kind == "rl"
+
+
+def test_memory_arms_run_from_the_same_start_and_are_scored_with_and_without_memory(tmp_path):
+    """``clawrl demo --memory``'s arms on the tiny model: the scripted judge's hint becomes a
+    memory entry that main calls get; memory alone never changes the weights (its answers
+    without the memory are the same at every step); memory + Combined trains turns without
+    their block (distill/* metrics) and the report shows both scorings and the memory."""
+    from clawrl.demo.runner import method_config
+
+    alone = method_config(load_config(None), "memory", DemoSettings(), tmp_path, 0)
+    assert alone.trainer.lr == 0.0 and alone.memory.enabled and not alone.memory.distill
+    both = method_config(load_config(None), "memory+combine", DemoSettings(), tmp_path, 0)
+    assert both.trainer.method.kind == "combine" and both.memory.distill and both.trainer.lr > 0
+    settings = DemoSettings(
+        scenario="student", methods=("memory", "memory+combine"), seeds=(0,), steps=3,
+        eval_steps=(0, 3), batch_size=2, eval_problems=4, max_tokens=6, concurrency=2,
+        max_turns=2, out_dir=str(tmp_path / "report"), examples=1,
+    )  # fmt: skip
+    cfg = load_config(None, ["trainer.lr=1e-3", "trainer.poll_interval_s=0.1"])
+    results = run_demo(
+        settings, cfg, judge=JudgeBundle(scripted_judge, description="scripted x1"),
+        policy_factory=lambda: tiny_policy(seed=0, max_context=1024),
+    )  # fmt: skip
+    mem, dist = results
+    assert (mem.method, dist.method) == ("memory", "memory+combine")
+    for r in results:
+        assert sorted(r.evaluations) == sorted(r.weights_only) == [0, 3]
+        assert any("number first" in e["text"] for e in r.memory)
+    assert mem.weights_only[0].answers == mem.weights_only[3].answers  # lr 0
+    assert mem.weights_only[0].answers == dist.weights_only[0].answers  # the same start
+    assert mem.steps_done == dist.steps_done == 3
+    # the first wave had no memory yet (its hints made the entry); the third step's turns did
+    assert any(m.get("distill/samples", 0) > 0 for m in dist.metrics)
+    assert not any("distill/samples" in m for m in mem.metrics)
+    import sqlite3
+
+    db = sqlite3.connect(tmp_path / "report" / "runs" / "memory-seed0" / "store.db")
+    evals = db.execute("SELECT memory IS NOT NULL, COUNT(*) FROM turns "
+                       "WHERE untrainable_reason = 'eval' GROUP BY 1").fetchall()  # fmt: skip
+    db.close()
+    # steps 0 and 3, twice each, 4 problems: only step 3's scoring with memory had a block
+    assert dict(evals) == {0: 12, 1: 4}
+    report = write_report(results, settings, cfg, wall_s=1.0).read_text()
+    assert "Memory + Combined (distilled) · weights alone" in report
+    assert "## The memory" in report and "number first" in report

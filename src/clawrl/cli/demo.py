@@ -41,6 +41,7 @@ config.toml (what ran), results.json, and each run's store and trained adapter u
         epilog="examples:\n  clawrl demo                          # student, combined method\n"
         "  clawrl demo --quick                  # a 4-step first look\n"
         "  clawrl demo --compare rl,opd,combine --seeds 3\n"
+        "  clawrl demo --memory --seeds 3        # memory alone, Combined, memory + Combined\n"
         "  clawrl demo teacher\n"
         "  clawrl demo --quick --engine vllm    # rollouts, evaluation, scoring on a vLLM server\n"
         "  clawrl demo --scenario my_scenario.toml",
@@ -52,7 +53,14 @@ config.toml (what ran), results.json, and each run's store and trained adapter u
     p.add_argument("--method", default="combine", choices=["rl", "opd", "combine"],
                    help="training method (default combine = Binary RL + OPD)")  # fmt: skip
     p.add_argument("--compare", metavar="M1,M2,...",
-                   help="run several methods from the same start, e.g. rl,opd,combine")  # fmt: skip
+                   help="run several methods from the same start, e.g. rl,opd,combine (also "
+                   "the memory arms: memory, memory+combine)")  # fmt: skip
+    p.add_argument("--memory", action="store_true",
+                   help="preference memory side by side from the same start: memory alone (the "
+                   "judge's hints kept as entries in the system message, no training), "
+                   "Combined, and memory + Combined distilling the memory into the weights; "
+                   "memory arms are scored with the memory and with the weights alone "
+                   "(= --compare memory,combine,memory+combine)")  # fmt: skip
     p.add_argument("--seeds", type=int, default=1, help="repeat every run from seeds 0..K-1 (1)")
     p.add_argument("--jobs", type=int, default=1,
                    help="runs at once (1); on 2 cores 2 runs take about as long together as "
@@ -133,17 +141,22 @@ def run(args: argparse.Namespace) -> int:
     )
 
     from clawrl.demo import DemoSettings, run_demo, write_report
-    from clawrl.demo.report import METHOD_NAMES, score_table
+    from clawrl.demo.report import METHOD_NAMES, score_table, with_weights_only
     from clawrl.envs import load_scenario
 
     logging.getLogger("clawrl").setLevel(logging.ERROR)
     cfg = demo_config(args)
     scenario = args.scenario_file or args.scenario
     spec = load_scenario(scenario)  # a malformed file fails here, before any model loads
-    methods = tuple(m.strip() for m in (args.compare or args.method).split(",") if m.strip())
+    if args.memory and args.compare:
+        raise SystemExit("clawrl demo: --memory is --compare memory,combine,memory+combine; "
+                         "give one of them")  # fmt: skip
+    chosen = args.compare or ("memory,combine,memory+combine" if args.memory else args.method)
+    methods = tuple(m.strip() for m in chosen.split(",") if m.strip())
     bad = [m for m in methods if m not in METHOD_NAMES]
     if bad:
-        raise SystemExit(f"clawrl demo: unknown method(s) {bad}; choose from rl, opd, combine")
+        raise SystemExit(f"clawrl demo: unknown method(s) {bad}; choose from "
+                         f"{', '.join(METHOD_NAMES)}")  # fmt: skip
     steps, batch, problems, evals = run_shape(args)
     seeds = tuple(range(args.seed, args.seed + max(1, args.seeds)))
     settings = DemoSettings(
@@ -207,14 +220,16 @@ def run(args: argparse.Namespace) -> int:
                 line(f"{name}: evaluating at step {info['step']}")
             elif event == "evaluated":
                 low, high = info["ci"]
-                console.print(f"  {name} step {info['step']} (policy v{info['version']}): "
+                how = (" weights alone" if info.get("weights_only")
+                       else " with memory" if info["method"].startswith("memory") else "")  # fmt: skip
+                console.print(f"  {name} step {info['step']} (policy v{info['version']}){how}: "
                               f"score {info['score']:.3f} [{low:.3f}, {high:.3f}]")  # fmt: skip
 
         results = run_demo(settings, cfg, progress=progress)
     wall = time.perf_counter() - t0
     report = write_report(results, settings, cfg, wall)
     console.print()
-    console.print(score_table(results))
+    console.print(score_table(with_weights_only(results)))
     console.print(f"\nwall time {wall / 60:.1f} min; report: {report}")
     sys.stdout.flush()
     return 0

@@ -211,6 +211,11 @@ def apply_flags(
         if not isinstance(memory, dict):
             raise ConfigError("memory must be a table of settings")
         memory["enabled"] = True
+    if getattr(args, "distill", None):
+        memory = data.setdefault("memory", {})
+        if not isinstance(memory, dict):
+            raise ConfigError("memory must be a table of settings")
+        memory["distill"] = True
     trainer = data.setdefault("trainer", {})
     if not isinstance(trainer, dict):
         raise ConfigError("trainer must be a table of settings")

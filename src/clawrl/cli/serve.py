@@ -78,6 +78,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "of every main call, so what a user asked for in one session shapes the next "
         "(memory.enabled; see them with clawrl memory list)",
     )
+    p.add_argument(
+        "--distill",
+        action="store_true",
+        default=None,
+        help="with --memory and --method opd or combine: train each turn that had memory "
+        "without it (context distillation: the policy with the memory is the teacher) and "
+        "retire an entry once the weights alone follow it (memory.distill, memory.retire_gap)",
+    )
     add_engine_options(p)
     add_online_options(p)
     add_config_options(p)

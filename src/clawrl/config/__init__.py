@@ -319,6 +319,23 @@ class MemoryConfig(_Section):
         1.0, ge=0.0, description="Least seconds between two reads of new hints and feedback "
         "comments from the store (feedback is taken at once)."
     )  # fmt: skip
+    distill: bool = Field(
+        False,
+        description="Train turns that had memory without it (context distillation: the "
+        "teacher is the policy with the memory block, plus the turn's hint when there is one; "
+        "the student sees the client's messages alone). Needs a method with a teacher (opd or "
+        "combine). Entries the weights alone follow are retired (retire_gap, retire_turns).",
+    )
+    retire_gap: float = Field(
+        0.05,
+        ge=0.0,
+        description="Retire an entry once the mean teacher-student gap (log-prob with the "
+        "memory minus without, nats per sampled token, current weights) over its last "
+        "retire_turns distilled turns is at most this.",
+    )
+    retire_turns: int = Field(
+        8, ge=1, description="Distilled turns an entry needs before it can be retired."
+    )
 
 
 class Config(BaseModel):

@@ -529,7 +529,9 @@ class DashboardSource:
     def memory(self) -> dict[str, Any]:
         """The preference memory's entries: ``active`` (oldest first), ``ended`` (replaced,
         evicted, retired, turned off; newest first; forgotten ones are left out) and ``counts``
-        by status; ``enabled`` when this server adds them to prompts (``None``: unknown, a
+        by status; an entry that training distilled has ``gap`` (mean teacher-student gap of its
+        last distilled turns, nats per token: retired at ``memory.retire_gap``) and
+        ``distilled`` (how many turns that mean is over); ``enabled`` when this server adds them to prompts (``None``: unknown, a
         dashboard over a store)."""
         return dict(self.cached("memory", self._memory))
 
@@ -539,7 +541,7 @@ class DashboardSource:
             {"id": e.id, "user_id": e.user_id, "text": e.text, "status": str(e.status),
              "source": str(e.source), "source_turn_id": e.source_turn_id,
              "source_session_id": e.source_session_id, "support": e.support,
-             "updated_at": e.updated_at, "end_reason": e.end_reason}
+             "updated_at": e.updated_at, "end_reason": e.end_reason, **_distilled(e.history)}
             for e in entries
             if e.status != "forgotten"
         ]  # fmt: skip
@@ -662,3 +664,12 @@ def load_demo_result(results_json: Path, run: str | None = None) -> dict[str, An
         if f"{r.get('method')}-seed{r.get('seed')}" == run:
             return r
     raise StoreError(f"{results_json} has no run {run!r}")
+
+
+def _distilled(history: list[dict[str, Any]]) -> dict[str, Any]:
+    """An entry's last distillation gap (:meth:`clawrl.memory.MemoryKeeper.record_distillation`):
+    ``{"gap": mean or None, "distilled": turns}``."""
+    event = next((h for h in history if h.get("event") == "distilled"), None)
+    if event is None:
+        return {"gap": None, "distilled": 0}
+    return {"gap": event.get("mean_gap"), "distilled": len(event.get("gaps") or [])}

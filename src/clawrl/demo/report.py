@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,16 @@ from clawrl.demo.runner import DemoSettings, MethodResult
 from clawrl.stats import paired_diff_ci, seed_ci
 from clawrl.store.learning import DROP_EXPLANATIONS
 
-METHOD_NAMES = {"rl": "Binary RL", "opd": "OPD", "combine": "Combined"}
+METHOD_NAMES = {
+    "rl": "Binary RL",
+    "opd": "OPD",
+    "combine": "Combined",
+    "memory": "Memory alone",
+    "memory+combine": "Memory + Combined (distilled)",
+}
+
+WEIGHTS_ONLY = " · weights alone"
+"""Appended to a memory arm's name for its evaluations without the memory in the prompt."""
 
 OPENCLAW_SESSIONS_TO_CONVERGE = {"combine": 10.3, "rl": 14.1, "opd": 29.7}
 """OpenClaw-RL (updated paper): sessions until a preference holds in 3 sessions in a row."""
@@ -33,7 +42,32 @@ DROP_REASONS = DROP_EXPLANATIONS
 
 
 def _name(method: str) -> str:
-    return METHOD_NAMES.get(method, method)
+    base = method.removesuffix(WEIGHTS_ONLY)
+    return METHOD_NAMES.get(base, base) + (WEIGHTS_ONLY if base != method else "")
+
+
+def with_weights_only(results: Sequence[MethodResult]) -> list[MethodResult]:
+    """``results`` and, after each memory arm, its evaluations with the weights alone as a row
+    of its own (``<arm> · weights alone``; the same run, the memory left out of the prompt)."""
+    out: list[MethodResult] = []
+    for method, runs in _by_method(results).items():
+        out += runs
+        out += [replace(r, method=method + WEIGHTS_ONLY, evaluations=r.weights_only)
+                for r in runs if r.weights_only]  # fmt: skip
+    return out
+
+
+def memory_text(results: Sequence[MethodResult]) -> list[str]:
+    """Markdown: per memory run, its entries at the end and what happened to them."""
+    lines: list[str] = []
+    for r in results:
+        if not r.memory:
+            continue
+        lines += ["", f"{_name(r.method)}, seed {r.seed}:", ""]
+        lines += [f"- `{e['status']}` (said {e['support']}x) {e['text']}"
+                  + (f" ({e['end_reason']})" if e.get("end_reason") else "")
+                  for e in r.memory]  # fmt: skip
+    return ["## The memory", *lines] if lines else []
 
 
 def _fmt_ci(mean: float, low: float, high: float) -> str:
@@ -363,7 +397,16 @@ def write_report(
             else []
         ),
         "",
-        score_table(results, steps),
+        score_table(with_weights_only(results), steps),
+        *(
+            [
+                "",
+                "Memory arms are scored twice at each step: with the memory in the system "
+                f"message (their own row) and without it ({WEIGHTS_ONLY.strip(' ·')}).",
+            ]
+            if any(r.weights_only for r in results)
+            else []
+        ),
         "",
         "![score vs step](scores.png)",
         "",
@@ -392,6 +435,8 @@ def write_report(
         "![reward and hint rate](training.png)",
         "",
         *drops_text(results),
+        "",
+        *memory_text(results),
         "",
     ]
     examples = examples_text(results, settings.examples)

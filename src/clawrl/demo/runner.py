@@ -210,6 +210,11 @@ class MethodResult:
     session_error: str | None = None
     eval_split: str = "held-out"
     """``held-out`` or ``validation`` (problems from the training split, for tuning)."""
+    weights_only: dict[int, Evaluation] = field(default_factory=dict)
+    """Arms with memory: each evaluated step again with the memory left out of the prompt
+    (the weights alone); ``evaluations`` has the scores with the memory."""
+    memory: list[dict[str, Any]] = field(default_factory=list)
+    """Arms with memory: the memory's entries at the end (text, status, why it ended)."""
 
     @property
     def scores(self) -> dict[int, float]:
@@ -249,6 +254,26 @@ seed 0, never the held-out problems):
 
 ``clawrl serve --method combine`` keeps OpenClaw-RL's ``w_rl = 1.0`` and hint placement."""
 
+MEMORY_ARMS: dict[str, dict[str, Any]] = {
+    "memory": {"method": "combine", "lr": 0.0, "memory": {"enabled": True}},
+    "memory+combine": {"method": "combine", "memory": {"enabled": True, "distill": True}},
+}
+"""``clawrl demo --memory``'s arms besides Combined, each from the same start:
+
+- ``memory``: the preference memory alone (the Mem0-style baseline): the gateway adds the
+  entries taken from the judge's hints to every main call and nothing is trained. It runs the
+  Combined learner at learning rate 0, so its "steps" come after the same samples as the
+  trained arms' and the evaluation points line up (the weights never change);
+- ``memory+combine``: the memory, and Combined training that distils it into the weights
+  (``memory.distill``: turns are trained without their memory block, the policy with it is the
+  teacher; entries the weights alone follow are retired).
+
+Both are evaluated twice at each step: with the memory in the prompt and with the weights alone.
+"""
+
+ARMS = ("rl", "opd", "combine", *MEMORY_ARMS)
+"""Every method or arm ``clawrl demo`` runs."""
+
 
 def method_config(
     cfg: Config, method: str, settings: DemoSettings, run_dir: Path, seed: int
@@ -257,9 +282,14 @@ def method_config(
     run trains with (the report records it)."""
     data = cfg.model_dump(mode="json", exclude_none=True)
     trainer = data["trainer"]
+    arm = MEMORY_ARMS.get(method, {})
+    method = arm.get("method", method)
     if trainer["method"]["kind"] != expand_method(method)["kind"]:
         # the configured table when kinds match, else the demo's own
         trainer["method"] = copy.deepcopy(DEMO_METHODS.get(method)) or expand_method(method)
+    if "lr" in arm:
+        trainer["lr"] = arm["lr"]
+    data["memory"] = {**data.get("memory", {}), **arm.get("memory", {})}
     data["trainer"] = {
         **trainer,
         "batch_size": settings.batch_size,
@@ -458,6 +488,22 @@ def run_method(
             progress("evaluated", {"method": method, "seed": seed, "step": target,
                                    "score": evaluation.score, "ci": evaluation.ci,
                                    "version": evaluation.version})  # fmt: skip
+            gateway = runtime.app.state.gateway
+            if gateway.memory is not None:  # again, with the weights alone
+                kept, gateway.memory = gateway.memory, None
+                try:
+                    alone = evaluate_personalization(
+                        server.url, spec, split.held_out, user=user, model=runtime.model_name,
+                        temperature=0.0, max_tokens=max_tokens,
+                        concurrency=settings.eval_concurrency, seed=seed,
+                    )  # fmt: skip
+                finally:
+                    gateway.memory = kept
+                weights = _evaluation(alone, target, runtime.engine.policy_version, seed)
+                result.weights_only[target] = weights
+                progress("evaluated", {"method": method, "seed": seed, "step": target,
+                                       "score": weights.score, "ci": weights.ci,
+                                       "version": weights.version, "weights_only": True})  # fmt: skip
     finally:
         server.stop(timeout_s=60)
         status = service.status()
@@ -472,6 +518,12 @@ def run_method(
         result.first_answers = _first_answers(logs)
         result.converge = converge_counts(result.first_answers, tuple(user.check_names))
         result.metrics = read_metrics(run_dir / "trainer" / "metrics.jsonl")
+        if mcfg.memory.enabled:
+            result.memory = [
+                {"text": e.text, "status": str(e.status), "support": e.support,
+                 "end_reason": e.end_reason}
+                for e in runtime.store.memory_entries(active_only=False)
+            ]  # fmt: skip
         runtime.close()
         result.adapter = _keep_last_policy(run_dir / "trainer")
         result.wall_s = time.perf_counter() - t0

@@ -81,17 +81,31 @@ class MemoryKeeper:
         max_entries: most active entries (the cap; >= 1).
         sync_s: least seconds between two reads of new directives from the store.
         user_id: whose memory.
+        retire_gap: nats per token; an entry is retired once the mean gap of its last
+            ``retire_turns`` distilled turns is at most this (:meth:`record_distillation`).
+        retire_turns: distilled turns an entry needs before it can be retired.
 
     Raises:
-        ValueError: ``max_entries`` < 1.
+        ValueError: ``max_entries`` < 1, ``retire_turns`` < 1 or ``retire_gap`` < 0.
     """
 
     def __init__(
-        self, store: Store, *, max_entries: int = 8, sync_s: float = 1.0, user_id: str = ""
+        self,
+        store: Store,
+        *,
+        max_entries: int = 8,
+        sync_s: float = 1.0,
+        user_id: str = "",
+        retire_gap: float = 0.05,
+        retire_turns: int = 8,
     ) -> None:
         if max_entries < 1:
             raise ValueError(f"memory.max_entries must be >= 1, got {max_entries}")
+        if retire_turns < 1 or retire_gap < 0:
+            raise ValueError("memory.retire_turns must be >= 1 and memory.retire_gap >= 0")
         self.store = store
+        self.retire_gap = retire_gap
+        self.retire_turns = retire_turns
         self.max_entries = max_entries
         self.sync_s = sync_s
         self.user_id = user_id
@@ -244,6 +258,7 @@ class MemoryKeeper:
             e = active[d.target]
             e.support += 1
             e.text, e.updated_at = text, now
+            _forget_gaps(e)  # the words changed: their gaps measured the old ones
             _push(e, {**event, "event": "merged"})
             change.entry, change.save = e, [e]
             change.lines.append(f"merged {text!r} into {e.id[:8]} (support {e.support})")
@@ -274,6 +289,73 @@ class MemoryKeeper:
             change.save.append(e)
             change.lines.append(f"evicted {e.text!r} (cap {self.max_entries})")
 
+    # -- distillation -----------------------------------------------------------------------
+    def record_distillation(
+        self, turns: Sequence[tuple[str, Sequence[str], float]], *, step: int
+    ) -> list[MemoryEntryRecord]:
+        """Record the teacher-student gaps of a training step's distilled turns and retire the
+        entries the weights alone now follow.
+
+        The gap of a turn (:func:`clawrl.trainer.samples.mean_gap`) is that of its whole
+        block: each entry the block held gets it. An active entry is **retired** once it has at
+        least ``retire_turns`` gaps and the mean of its last ``retire_turns`` is at most
+        ``retire_gap`` nats per token: with the current weights, the memory no longer changes
+        what the policy does on the turns it was shown in. (This says the memory adds nothing
+        beyond the weights, which also holds when neither follows a directive.) The last
+        ``retire_turns`` gaps are kept in one ``distilled`` history event per entry (a
+        turn counts once; a merge or an edit of its text drops them); each retirement is logged
+        and kept in its history. New conversations no longer get a retired entry (one that
+        began with it keeps its block); an entry said again later comes back as a new one.
+        An entry another process changed meanwhile (turned off, forgotten, edited, merged
+        into) is left as it is, its gaps unrecorded (:meth:`Store.save_memory_if_unchanged`).
+
+        Args:
+            turns: ``(turn id, entry ids of its block, gap in nats per token)`` per turn.
+            step: the training step these turns were trained in.
+
+        Returns:
+            The entries retired now.
+        """
+        by_entry: dict[str, list[tuple[str, float]]] = {}
+        for turn_id, entry_ids, gap in turns:
+            for entry_id in entry_ids:
+                by_entry.setdefault(entry_id, []).append((turn_id, float(gap)))
+        retired: list[MemoryEntryRecord] = []
+        with self._lock:
+            save: list[tuple[MemoryEntryRecord, MemoryStatus, str, int]] = []
+            now = time.time()
+            for entry_id, seen in by_entry.items():
+                e = self.store.get_memory_entry(entry_id)
+                if e is None or e.user_id != self.user_id or e.status != MemoryStatus.ACTIVE:
+                    continue
+                read_as = (e.status, e.text, e.support)
+                event = next((h for h in e.history if h.get("event") == "distilled"), None)
+                if event is not None:  # moved to the end: the history's trim keeps it
+                    e.history.remove(event)
+                else:
+                    event = {"event": "distilled", "turns": [], "gaps": []}
+                known = set(event["turns"])
+                fresh = [(t, g) for t, g in seen if t not in known]  # a retried step: once
+                keep = self.retire_turns
+                event["turns"] = [*event["turns"], *(t for t, _ in fresh)][-keep:]
+                event["gaps"] = [*event["gaps"], *(round(g, 6) for _, g in fresh)][-keep:]
+                event["at"], event["step"] = now, step
+                gaps = event["gaps"]
+                mean = sum(gaps) / len(gaps) if gaps else 0.0
+                event["mean_gap"] = round(mean, 6)
+                _push(e, event)
+                if len(gaps) >= keep and mean <= self.retire_gap:
+                    why = (f"the weights alone follow it: mean gap {mean:.3f} nats/token over its "
+                           f"last {keep} distilled turns <= {self.retire_gap} (step {step})")  # fmt: skip
+                    _end(e, MemoryStatus.RETIRED, why, now)
+                    retired.append(e)
+                save.append((e, *read_as))
+            saved = set(self.store.save_memory_if_unchanged(save)) if save else set()
+        retired = [e for e in retired if e.id in saved]
+        for e in retired:
+            log.info("memory: retired %s %r: %s", e.id[:8], e.text, e.end_reason)
+        return retired
+
     # -- by hand ----------------------------------------------------------------------------
     def edit(
         self, entry_id: str, *, text: str | None = None, active: bool | None = None
@@ -298,6 +380,7 @@ class MemoryKeeper:
                 if not text:
                     raise ValueError("a memory entry needs a text")
                 _push(e, {"at": now, "event": "edited", "old": e.text, "text": text})
+                _forget_gaps(e)
                 e.text, e.updated_at = text, now
             if active is False and e.status == MemoryStatus.ACTIVE:
                 _end(e, MemoryStatus.DISABLED, "turned off by hand", now)
@@ -351,6 +434,11 @@ def entry_json(e: MemoryEntryRecord, *, history: bool = False) -> dict[str, Any]
 def _end(e: MemoryEntryRecord, status: MemoryStatus, why: str, now: float) -> None:
     e.status, e.ended_at, e.end_reason = status, now, why
     _push(e, {"at": now, "event": str(status), "why": why})
+
+
+def _forget_gaps(e: MemoryEntryRecord) -> None:
+    """Drop an entry's distillation gaps (its text changed: they measured other words)."""
+    e.history = [h for h in e.history if h.get("event") != "distilled"]
 
 
 def _push(e: MemoryEntryRecord, event: dict[str, Any]) -> None:

@@ -31,7 +31,7 @@ class MemoryStatus(StrEnum):
     ACTIVE = "active"  # shown to the policy
     REPLACED = "replaced"  # a newer directive contradicted it
     EVICTED = "evicted"  # pushed out by the cap (least recently updated)
-    RETIRED = "retired"  # the weights alone follow it (distilled; nothing sets it yet)
+    RETIRED = "retired"  # the weights alone follow it (MemoryKeeper.record_distillation)
     DISABLED = "disabled"  # turned off by hand (clawrl memory edit --off)
     FORGOTTEN = "forgotten"  # its text and history removed (clawrl memory forget)
 
@@ -192,6 +192,35 @@ class MemoryEntries:
                 return False
             raise
         return True
+
+    def save_memory_if_unchanged(
+        self: _HasConnections,
+        entries: Sequence[tuple[MemoryEntryRecord, MemoryStatus, str, int]],
+    ) -> list[str]:
+        """Write every field of each entry, but only where its row still has the status, text
+        and support it was read with (``(entry, status, text, support)``): an entry another
+        process turned off, forgot, edited or merged into since is left as it is. One
+        transaction; durable on return.
+
+        Returns:
+            The ids written.
+
+        Raises:
+            StoreError: an entry's fields are invalid.
+        """
+        for e, *_ in entries:
+            _check(e)
+        saved: list[str] = []
+        with self._write() as conn:
+            for e, status, text, support in entries:
+                cur = conn.execute(
+                    f"UPDATE memory_entries SET {', '.join(f'{c} = ?' for c in _COLUMNS[1:])} "
+                    "WHERE id = ? AND status = ? AND text = ? AND support = ?",
+                    (*_row(e)[1:], e.id, str(MemoryStatus(status)), text, int(support)),
+                )
+                if cur.rowcount:
+                    saved.append(e.id)
+        return saved
 
     def memory_source_taken(self: _HasConnections, source_id: str) -> bool:
         """Whether the hint or comment ``source_id`` (``kind:id``) changed the memory already."""

@@ -25,6 +25,8 @@ class Batch:
     loss_mask: Tensor  # [B, L-1] bool
     sampling_logprobs: Tensor  # [B, L-1] float
     teacher_logprobs: Tensor  # [B, L-1] float, 0 where no hint (``has_hint`` False)
+    student_logprobs: Tensor  # [B, L-1] float, the OPD advantage's student term (sampling's
+    # where the sample has no ``student_logprobs``)
     has_hint: Tensor  # [B] bool
     rewards: Tensor  # [B] float (0 where None)
     has_reward: Tensor  # [B] bool
@@ -55,6 +57,7 @@ def collate(samples: list[TrainSample], pad_id: int = 0) -> Batch:
     loss_mask = torch.zeros((b, length - 1), dtype=torch.bool)
     sampling = torch.zeros((b, length - 1), dtype=torch.float32)
     teacher = torch.zeros((b, length - 1), dtype=torch.float32)
+    student = torch.zeros((b, length - 1), dtype=torch.float32)
     for i, s in enumerate(samples):
         seq = s.prompt_ids + s.completion_ids
         input_ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
@@ -64,12 +67,15 @@ def collate(samples: list[TrainSample], pad_id: int = 0) -> Batch:
         sampling[i, start:end] = torch.tensor(s.sampling_logprobs, dtype=torch.float32)
         if s.teacher_logprobs is not None:
             teacher[i, start:end] = torch.tensor(s.teacher_logprobs, dtype=torch.float32)
+        own = s.student_logprobs if s.student_logprobs is not None else s.sampling_logprobs
+        student[i, start:end] = torch.tensor(own, dtype=torch.float32)
     return Batch(
         input_ids=input_ids,
         attention_mask=attention,
         loss_mask=loss_mask,
         sampling_logprobs=sampling,
         teacher_logprobs=teacher,
+        student_logprobs=student,
         has_hint=torch.tensor([s.teacher_logprobs is not None for s in samples]),
         rewards=torch.tensor([s.reward or 0.0 for s in samples], dtype=torch.float32),
         has_reward=torch.tensor([s.reward is not None for s in samples]),

@@ -39,7 +39,9 @@ from clawrl.trainer.metrics import MetricsWriter
 from clawrl.trainer.samples import (
     HINT_TEMPLATE,
     SYSTEM_HINT_TEMPLATE,
+    Distillation,
     decide,
+    distillation,
     drop_record,
     hinted_messages,
     make_sample,
@@ -48,6 +50,7 @@ from clawrl.trainer.samples import (
     stale_ids,
     teacher_prompt_ids,
     turn_temperature,
+    with_distillation,
     with_teacher,
 )
 from clawrl.trainer.trainer import Trainer
@@ -58,6 +61,8 @@ __all__ = ["HINT_TEMPLATE", "SYSTEM_HINT_TEMPLATE", "LearnerState", "OnlineLearn
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+
+    from clawrl.memory import MemoryKeeper
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +100,14 @@ class OnlineLearner:
         tokenizer: the policy's tokenizer (renders the hint-enhanced teacher prompt).
         trainer: a :class:`Trainer` holding the trainable copy of the policy.
         metrics: where step metrics go.
+        memory: with ``memory.distill``, the preference memory whose turns are distilled
+            (:func:`clawrl.trainer.samples.distillation`: trained without their memory block,
+            teacher and student scored by the trainer at step time) and whose entries each
+            step's gaps may retire (:meth:`clawrl.memory.MemoryKeeper.record_distillation`).
+
+    Raises:
+        ConfigError: ``memory`` with a method that has no teacher, or a teacher this trainer
+            cannot score.
     """
 
     def __init__(
@@ -104,6 +117,8 @@ class OnlineLearner:
         tokenizer: PreTrainedTokenizerBase,
         trainer: Trainer,
         metrics: MetricsWriter,
+        *,
+        memory: MemoryKeeper | None = None,
     ) -> None:
         self.store = store
         self.engine = engine
@@ -139,6 +154,15 @@ class OnlineLearner:
                         "keeps no frozen base weights (trainer.teacher_scoring=auto)")  # fmt: skip
             self.teacher_on_trainer = False
         self._teacher_prompts: dict[str, list[int]] = {}  # turn -> hinted prompt (trainer scores)
+        self.memory = memory
+        """The memory distilled into the weights (``None``: turns are trained as sampled)."""
+        if memory is not None and not self.needs.uses_hint:
+            raise ConfigError(f"memory.distill needs a method with a teacher (opd or combine), "
+                              f"not {trainer.method.kind!r}")  # fmt: skip
+        if memory is not None and not trainer_can_score(trainer, self.needs):
+            raise ConfigError("memory.distill with the base teacher needs the frozen base "
+                              "weights, which this full fine-tuning trainer does not keep")  # fmt: skip
+        self._distill: dict[str, Distillation] = {}  # turn -> its prompts without / with memory
 
     # ---------------------------------------------------------------- resume
 
@@ -162,11 +186,30 @@ class OnlineLearner:
     def _drop(self, turn_id: str, reason: DropReason) -> SampleRecord:
         return drop_record(turn_id, reason, self.state.drops)
 
-    def _decide(self, turn: TurnRecord, j: JudgmentRecord) -> DropReason | None:
+    def _decide(
+        self, turn: TurnRecord, j: JudgmentRecord, *, distilled: bool = False
+    ) -> DropReason | None:
         """Why this judged turn is not a sample (``None``: it is one): :func:`clawrl.trainer.
         samples.decide` at the trainer's policy version."""
         lag = self.trainer.policy_version - turn.policy_version
-        return decide(turn, j, self.needs, lag=lag, max_staleness=self.config.max_staleness)
+        return decide(turn, j, self.needs, lag=lag, max_staleness=self.config.max_staleness,
+                      distilled=distilled)  # fmt: skip
+
+    def _distillation(self, turn: TurnRecord, j: JudgmentRecord) -> Distillation | None:
+        """The turn's :class:`Distillation` when the memory is distilled and the turn had a
+        block (else ``None``: trained as sampled). A hinted teacher prompt too long for the
+        context leaves the hint out: the memory alone is the teacher (what the turn was shown
+        always fits)."""
+        if self.memory is None or not turn.memory:
+            return None
+        d = distillation(self.tokenizer, turn, j.hint or None, self.needs.hint_placement)
+        if d is not None and len(d.teacher_prompt) + len(turn.completion_ids) > (
+            self.engine.max_context
+        ):
+            log.warning("hinted memory prompt of %s is too long to score: the memory alone "
+                        "teaches", turn.id)  # fmt: skip
+            d = distillation(self.tokenizer, turn, None, self.needs.hint_placement)
+        return d
 
     async def _teacher_logprobs(self, turn: TurnRecord, hint: str) -> list[float]:
         prompt = teacher_prompt_ids(self.tokenizer, turn, hint, self.needs.hint_placement)
@@ -188,12 +231,17 @@ class OnlineLearner:
             j = await asyncio.to_thread(self.store.get_judgment, turn_id)
             if turn is None or j is None:
                 continue
-            reason = self._decide(turn, j)
+            reason = self._decide(turn, j, distilled=self.memory is not None and bool(turn.memory))
+            distill = self._distillation(turn, j) if reason is None else None
+            if reason is None and distill is None and self.memory is not None and turn.memory:
+                reason = self._decide(turn, j)  # its block cannot be cut out: as sampled
             if reason is not None:
                 drops.append(self._drop(turn_id, reason))
                 continue
             teacher = None
-            if j.hint and self.needs.uses_hint and self.teacher_on_trainer:
+            if distill is not None:  # teacher and student scored by the trainer at step time
+                self._distill[turn_id] = distill
+            elif j.hint and self.needs.uses_hint and self.teacher_on_trainer:
                 hinted = teacher_prompt_ids(self.tokenizer, turn, j.hint, self.needs.hint_placement)
                 if len(hinted) + len(turn.completion_ids) <= self.engine.max_context:
                     self._teacher_prompts[turn_id] = hinted
@@ -210,7 +258,7 @@ class OnlineLearner:
                     if not (self.needs.uses_reward and scored(j, self.needs)):
                         drops.append(self._drop(turn_id, DropReason.TEACHER_FAILED))
                         continue
-            self._ready[turn_id] = make_sample(turn, j, self.needs, teacher)
+            self._ready[turn_id] = make_sample(turn, j, self.needs, teacher, distill)
             self._keys[turn_id] = sample_key(turn)
         if drops:
             await asyncio.to_thread(self.store.record_samples, drops)
@@ -230,6 +278,7 @@ class OnlineLearner:
                 del self._ready[t]
                 self._keys.pop(t, None)
                 self._teacher_prompts.pop(t, None)
+                self._distill.pop(t, None)
             self.state.ready = len(self._ready)
         return len(stale)
 
@@ -270,12 +319,30 @@ class OnlineLearner:
         hinted samples' teacher log-probs are computed first, by the trainer, with the weights
         this step starts from (as ``clawrl train`` does, :mod:`clawrl.trainer.process`)."""
         t0 = time.perf_counter()
+        base = self.needs.teacher == "base"
         prompts = [self._teacher_prompts.get(t) for t in turn_ids]
-        hinted = any(p is not None for p in prompts)
+        parts = [self._distill.get(t) for t in turn_ids]
+        hinted = any(p is not None for p in prompts) or any(p is not None for p in parts)
+        gaps: list[float | None] = []
         if hinted:
-            samples = with_teacher(self.trainer, samples, prompts,
-                                   base=self.needs.teacher == "base")  # fmt: skip
+            samples = with_teacher(self.trainer, samples, prompts, base=base)
+            samples, gaps = with_distillation(self.trainer, samples, parts, base=base)
             drops = {**drops, "time/teacher_scoring": time.perf_counter() - t0}
+        measured = [g for g in gaps if g is not None]
+        if measured:
+            drops["distill/samples"] = float(len(measured))
+            drops["distill/gap"] = sum(measured) / len(measured)
+        if self.memory is not None and measured:
+            # the gaps are those of the weights this step starts from: recorded before it (a
+            # retried step records a turn once: the keeper skips turns it has)
+            seen = [(t, p.entries, g) for t, p, g in zip(turn_ids, parts, gaps, strict=True)
+                    if p is not None and g is not None]  # fmt: skip
+            try:
+                retired = self.memory.record_distillation(seen, step=self.trainer.step + 1)
+            except Exception:  # the memory's bookkeeping never stops training
+                log.exception("recording the memory's distillation gaps")
+            else:
+                drops["memory/retired"] = float(len(retired))
         metrics = self.learner.step(samples, turn_ids, metrics=drops)
         if hinted:  # the step's time includes its teacher's
             metrics["time/step_total"] = time.perf_counter() - t0
@@ -287,6 +354,7 @@ class OnlineLearner:
             self._ready.pop(t, None)
             self._keys.pop(t, None)
             self._teacher_prompts.pop(t, None)
+            self._distill.pop(t, None)
         self.state.steps = self.trainer.step
         self.state.trained += len(turn_ids)
         self.state.ready = len(self._ready)

@@ -21,6 +21,17 @@ prompt (:func:`hinted_messages`): the turn's own messages with the hint where th
 (:func:`teacher_prompt_ids`). Its log-probs of the turn's sampled ids are taken at the turn's own
 sampling temperature; ``teacher="base"`` scores with the frozen base weights.
 
+**Context distillation (preference memory).** A turn sampled with a memory block in its system
+message (``TurnRecord.memory``, ``clawrl serve --memory``) is, with ``memory.distill``, trained
+*without* it (:func:`distillation`): the sample's prompt is the client's own messages
+(:func:`clawrl.memory.without_memory`), the teacher is the policy on what the turn was shown
+(its ``prompt_ids``; with a hint, those messages plus the hint), and the OPD advantage's student
+term is the policy's log-probs on the prompt without the block at step time
+(``TrainSample.student_logprobs``, :func:`with_distillation`), not the sampling log-probs,
+which had the block. Such a turn teaches even without a hint or a score (the memory is its
+teacher). The tokens were sampled with the block, so the PPO ratio (default ``sampling``) or the
+``tis`` / ``mis`` weights see the mismatch between the two prompts.
+
 **Exactly once.** A step's turn ids are written into its checkpoint's meta before the
 ``samples`` rows; after a crash :func:`record_checkpoint_samples` re-records the ids the crash
 left out, so no sample is trained twice and none is lost.
@@ -29,11 +40,14 @@ left out, so no sample is trained twice and none is lost.
 from __future__ import annotations
 
 import dataclasses
+import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clawrl.chat import ChatMessage, ToolSpec, render_prompt
 from clawrl.config import HintPlacement, SampleNeeds
+from clawrl.memory.prompt import without_memory
 from clawrl.store import (
     DropReason,
     JudgmentRecord,
@@ -51,6 +65,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from clawrl.trainer.trainer import Trainer
+
+log = logging.getLogger(__name__)
 
 HINT_TEMPLATE = "\n\n[Hint: {hint}]"
 SYSTEM_HINT_TEMPLATE = "Keep in mind what the user asked for: {hint}"
@@ -97,28 +113,122 @@ def turn_temperature(turn: TurnRecord) -> float:
     return float(turn.sampling_params.get("temperature", 1.0))
 
 
+@dataclass(frozen=True)
+class Distillation:
+    """A turn trained without the memory block it was sampled with (context distillation).
+
+    Attributes:
+        student_prompt: ``[p_s]`` the client's messages alone, rendered: the sample's prompt.
+        memory_prompt: ``[p]`` what the policy was shown (the turn's ``prompt_ids``).
+        teacher_prompt: ``[p_t]`` the OPD teacher's context: ``memory_prompt``, or with a hint
+            the recorded messages (block included) plus the hint (:func:`teacher_prompt_ids`).
+        entries: the memory entry ids the block held.
+        hinted: the teacher has the turn's hint besides the memory.
+    """
+
+    student_prompt: list[int]
+    memory_prompt: list[int]
+    teacher_prompt: list[int]
+    entries: tuple[str, ...]
+    hinted: bool = False
+
+
+def distillation(
+    tokenizer: PreTrainedTokenizerBase,
+    turn: TurnRecord,
+    hint: str | None,
+    placement: HintPlacement,
+) -> Distillation | None:
+    """The :class:`Distillation` of a turn sampled with a memory block (``None``: the turn had
+    none, or the block cannot be cut out of its ids, logged).
+
+    The student's prompt is the turn's own ``prompt_ids`` with only the block's tokens
+    replaced: the recorded messages and the client's are rendered (same tools), their common
+    token prefix and suffix bracket the block, and the turn's ids must hold the rendered
+    prefix and block exactly; what follows (spliced history ids, a tool-call prefill) is kept
+    as sampled.
+    """
+    if not turn.memory:
+        return None
+    messages = [ChatMessage.model_validate(m) for m in turn.request_messages]
+    try:
+        client = without_memory(messages, turn.memory)
+    except ValueError as e:
+        log.warning("turn %s: not distilled: %s", turn.id, e)
+        return None
+    tools = [ToolSpec.model_validate(t) for t in (turn.tools or [])] or None
+    student = cut_block(
+        turn.prompt_ids,
+        render_prompt(tokenizer, messages, tools).token_ids,
+        render_prompt(tokenizer, client, tools).token_ids,
+    )
+    if student is None:
+        log.warning("turn %s: not distilled: its prompt ids do not start as its messages "
+                    "render", turn.id)  # fmt: skip
+        return None
+    memory_prompt = list(turn.prompt_ids)
+    teacher = teacher_prompt_ids(tokenizer, turn, hint, placement) if hint else memory_prompt
+    return Distillation(
+        student_prompt=student,
+        memory_prompt=memory_prompt,
+        teacher_prompt=teacher,
+        entries=tuple(str(e) for e in turn.memory.get("entries") or ()),
+        hinted=bool(hint),
+    )
+
+
+def cut_block(prompt_ids: list[int], shown: list[int], client: list[int]) -> list[int] | None:
+    """``prompt_ids`` with the memory block's tokens replaced by the client's.
+
+    Args:
+        prompt_ids: ``[p]`` what the engine was given (the render of ``shown``'s messages,
+            possibly with spliced history ids and a prefill after the block).
+        shown: ``[n]`` the render of the messages with the block.
+        client: ``[m]`` the render of the client's messages.
+
+    Returns:
+        The student's ids, or ``None`` when ``prompt_ids`` does not begin with ``shown``'s
+        ids up to the end of the block.
+    """
+    a = 0
+    while a < min(len(shown), len(client)) and shown[a] == client[a]:
+        a += 1
+    c = 0
+    while c < min(len(shown), len(client)) - a and shown[-1 - c] == client[-1 - c]:
+        c += 1
+    end = len(shown) - c  # the block is shown[a:end], the client's text there client[a:-c]
+    if prompt_ids[:end] != shown[:end]:
+        return None
+    return [*prompt_ids[:a], *client[a : len(client) - c], *prompt_ids[end:]]
+
+
 def scored(j: JudgmentRecord, needs: SampleNeeds) -> bool:
     """The judgment has a score the method counts as a reward."""
     return j.score is not None and (j.score != 0 or needs.zero_is_reward)
 
 
 def decide(
-    turn: TurnRecord, j: JudgmentRecord, needs: SampleNeeds, *, lag: int, max_staleness: int
+    turn: TurnRecord,
+    j: JudgmentRecord,
+    needs: SampleNeeds,
+    *,
+    lag: int,
+    max_staleness: int,
+    distilled: bool = False,
 ) -> DropReason | None:
     """Why this judged turn is not a sample (``None``: it is one); see the module docstring.
 
-    if TYPE_CHECKING:
-        from transformers import PreTrainedTokenizerBase
-
-        Args:
-            lag: the trainer's policy version minus the turn's.
-            max_staleness: the most versions a sample may lag.
+    Args:
+        lag: the trainer's policy version minus the turn's.
+        max_staleness: the most versions a sample may lag.
+        distilled: the turn is distilled out of its memory block (:func:`distillation`): the
+            memory is a teacher, as a hint is, for a method that uses one.
     """
     if turn.status != TurnStatus.OK or not turn.trainable or not turn.completion_ids:
         return DropReason.UNTRAINABLE
     if lag > max_staleness:
         return DropReason.STALE
-    has_hint = bool(j.hint)
+    has_hint = bool(j.hint) or (distilled and needs.uses_hint)
     if j.score is None and not has_hint:
         if j.reason == DropReason.NO_NEXT_STATE:
             return DropReason.NO_NEXT_STATE
@@ -136,8 +246,11 @@ def make_sample(
     j: JudgmentRecord,
     needs: SampleNeeds,
     teacher_logprobs: list[float] | None,
+    distill: Distillation | None = None,
 ) -> TrainSample:
-    """The :class:`TrainSample` of a turn :func:`decide` accepted.
+    """The :class:`TrainSample` of a turn :func:`decide` accepted (with ``distill``: its prompt
+    is the one without the memory block; the teacher and student log-probs come at step time,
+    :func:`with_distillation`).
 
     The reward is the judge's score when the method uses rewards and counts it; a hint-only turn
     of a method that also uses rewards gets reward 0 (OPD alone: A = 0·w_rl + OPD).
@@ -146,7 +259,7 @@ def make_sample(
     if j.score is not None and needs.uses_reward and scored(j, needs):
         reward = float(j.score)
     return TrainSample(
-        prompt_ids=turn.prompt_ids,
+        prompt_ids=distill.student_prompt if distill is not None else turn.prompt_ids,
         completion_ids=turn.completion_ids,
         sampling_logprobs=turn.sampling_logprobs,
         temperature=turn_temperature(turn),
@@ -226,3 +339,57 @@ def with_teacher(
     for i, lp in zip(hinted, trainer.teacher_logprobs(requests, base=base), strict=True):
         out[i] = dataclasses.replace(out[i], teacher_logprobs=lp)
     return out
+
+
+def mean_gap(memory: list[float], student: list[float]) -> float:
+    """The memory's teacher-student gap on one turn: the mean over its sampled tokens of
+    ``log π(a_t | s + memory) - log π(a_t | s)`` (nats per token). The tokens were sampled with
+    the memory, so this estimates KL(π(·|s + memory) || π(·|s)) per token: near 0 when the
+    weights alone do what the memory made them do."""
+    if len(memory) != len(student) or not memory:
+        raise ValueError("the gap needs two aligned, non-empty log-prob lists")
+    return sum(m - s for m, s in zip(memory, student, strict=True)) / len(memory)
+
+
+def with_distillation(
+    trainer: Trainer,
+    samples: list[TrainSample],
+    parts: list[Distillation | None],
+    *,
+    base: bool,
+) -> tuple[list[TrainSample], list[float | None]]:
+    """``samples`` with the teacher and student log-probs of each distilled one
+    (``parts[i]`` given), computed by the trainer with the weights it holds now: the teacher
+    on ``teacher_prompt`` (``base``: the frozen base weights), the student on the prompt
+    without the memory (the sample's own, current weights). Also returns each distilled
+    sample's :func:`mean_gap` (memory prompt vs none, both with the current weights; ``None``
+    for the others). Three forward passes per distilled sample at most (two without a hint
+    and the policy teacher)."""
+    idx = [i for i, p in enumerate(parts) if p is not None]
+    gaps: list[float | None] = [None] * len(samples)
+    if not idx:
+        return list(samples), gaps
+
+    def request(prompt: list[int], s: TrainSample) -> TrainSample:
+        return TrainSample(prompt, s.completion_ids, [0.0] * len(s.completion_ids),
+                           temperature=s.temperature)  # fmt: skip
+
+    dist = [p for p in parts if p is not None]
+    student = trainer.teacher_logprobs([request(samples[i].prompt_ids, samples[i]) for i in idx])
+    memory = trainer.teacher_logprobs(
+        [request(p.memory_prompt, samples[i]) for i, p in zip(idx, dist, strict=True)]
+    )
+    same = [not p.hinted and not base for p in dist]  # the teacher is the memory prompt, now
+    others = [(i, p) for i, p, s in zip(idx, dist, same, strict=True) if not s]
+    scored_teacher = iter(
+        trainer.teacher_logprobs([request(p.teacher_prompt, samples[i]) for i, p in others],
+                                 base=base)
+        if others else []
+    )  # fmt: skip
+    out = list(samples)
+    for k, i in enumerate(idx):
+        teacher = memory[k] if same[k] else next(scored_teacher)
+        out[i] = dataclasses.replace(out[i], teacher_logprobs=teacher,
+                                     student_logprobs=student[k])  # fmt: skip
+        gaps[i] = mean_gap(memory[k], student[k])
+    return out, gaps

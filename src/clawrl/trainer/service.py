@@ -36,6 +36,7 @@ from clawrl.trainer.online import OnlineLearner
 from clawrl.trainer.trainer import Trainer
 
 if TYPE_CHECKING:
+    from clawrl.memory import MemoryKeeper
     from clawrl.models import Policy
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,8 @@ class OnlineService:
         judge_timeout_s: most seconds one judgment may take.
         schedule: ``async`` or ``fixed`` (see the module docstring).
         metrics: the step metrics' sinks (default: JSONL and TensorBoard in ``output_dir``).
+        memory: the preference memory to distil into the weights (``memory.distill``; the
+            learner's ``memory``, :class:`clawrl.trainer.online.OnlineLearner`).
     """
 
     def __init__(
@@ -82,6 +85,7 @@ class OnlineService:
         judge_timeout_s: float = 120.0,
         schedule: Literal["async", "fixed"] = "async",
         metrics: MetricsWriter | None = None,
+        memory: MemoryKeeper | None = None,
     ) -> None:
         self.output_dir = Path(config.output_dir)
         self.engine = engine
@@ -89,10 +93,12 @@ class OnlineService:
 
         self.trainer = Trainer(
             policy.model, config, self.output_dir, policy_version=engine.policy_version,
-            computes_teacher=teacher_on_trainer(config.teacher_scoring, engine),
+            computes_teacher=teacher_on_trainer(config.teacher_scoring, engine)
+            or memory is not None,
         )  # fmt: skip
         self.metrics = metrics if metrics is not None else MetricsWriter(self.output_dir)
-        self.learner = OnlineLearner(store, engine, policy.tokenizer, self.trainer, self.metrics)
+        self.learner = OnlineLearner(store, engine, policy.tokenizer, self.trainer, self.metrics,
+                                     memory=memory)  # fmt: skip
         # the judge keeps its own deadline; the worker's is a guard for judges that do not
         self.worker = JudgeWorker(store, judge, timeout_s=judge_timeout_s + 30.0)
         self.schedule = schedule

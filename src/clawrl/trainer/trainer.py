@@ -25,7 +25,10 @@ checkpoint, the store's records and publishing are the learner's
 gradient: one optimizer step is taken per batch, so the weights do not change between the
 micro-batches of a step. The importance ratios ``old`` / ``tis`` / ``mis`` use them. The OPD
 advantage's ``log π_old`` is the engine's sampling log-probs of the same turn (the student at
-sampling time), as in OpenClaw-RL.
+sampling time), as in OpenClaw-RL; for a turn distilled out of its memory, whose tokens were
+sampled with a memory block the student no longer sees, it is the student's own log-probs
+without the block (``TrainSample.student_logprobs``), and the importance options
+(``tis`` / ``mis``) weigh the sampling mismatch.
 """
 
 from __future__ import annotations
@@ -377,7 +380,7 @@ class Trainer:
             group_ids=full.group_ids,
             episode_ids=full.episode_ids,
             teacher_logprobs=full.teacher_logprobs,
-            old_logprobs=full.sampling_logprobs,
+            old_logprobs=full.student_logprobs,
             has_hint=full.has_hint,
             step_scores=step_scores,
             step_mask=step_mask,

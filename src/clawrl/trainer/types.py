@@ -18,6 +18,10 @@ class TrainSample:
         reward: judge score in {+1, -1, 0} (Binary RL), or None when only OPD applies.
         teacher_logprobs: ``[c]`` log π_teacher(a_t | s + hint) at the same temperature, or None
             when the turn has no hint.
+        student_logprobs: ``[c]`` the OPD advantage's student term for a turn distilled out of
+            its memory (context distillation: the policy's log-probs on ``prompt_ids``, the
+            prompt without the memory block, at step start), or None: the advantage uses
+            ``sampling_logprobs`` (the student as sampled, OpenClaw-RL's choice).
         policy_version: the version that sampled the completion (for staleness).
         truncated: the completion hit its length limit.
         turn_id: the store's turn id (for bookkeeping: a sample is trained once).
@@ -38,6 +42,7 @@ class TrainSample:
     temperature: float = 1.0
     reward: float | None = None
     teacher_logprobs: list[float] | None = None
+    student_logprobs: list[float] | None = None
     policy_version: int = 0
     truncated: bool = False
     turn_id: str = ""
@@ -59,5 +64,9 @@ class TrainSample:
             self.completion_ids
         ):
             raise ValueError("teacher_logprobs must align with completion_ids")
+        if self.student_logprobs is not None and len(self.student_logprobs) != len(
+            self.completion_ids
+        ):
+            raise ValueError("student_logprobs must align with completion_ids")
         if self.step_index < 0:
             raise ValueError(f"step_index must be >= 0, got {self.step_index}")

@@ -341,12 +341,15 @@ function renderMemory(d) {
     : el("span", { class: "muted", text: "–" });
   const row = (e) => el("tr", {}, el("td", { class: "mono", text: short(e.id) }), el("td", { text: e.text }),
     el("td", { text: e.status + (e.end_reason ? ` (${e.end_reason})` : "") }), el("td", { text: e.source }), el("td", {}, turn(e)),
-    el("td", { text: String(e.support) }), el("td", {}, when(e.updated_at)));
-  const headers = ["entry", "text", "status", "source", "from turn", "support", "updated"];
+    el("td", { text: String(e.support) }),
+    el("td", { class: "num", text: e.gap === null || e.gap === undefined ? "–" : `${e.gap.toFixed(3)} (${e.distilled})`, title: "mean gap (log-prob with the memory minus without, nats per token) of its last distilled turns: retired at memory.retire_gap" }),
+    el("td", {}, when(e.updated_at)));
+  const headers = ["entry", "text", "status", "source", "from turn", "support", "gap (turns)", "updated"];
   return [
     el("section", { class: "cards" }, card("active entries", String(d.active.length), d.enabled === false ? "memory is off for this server (clawrl serve --memory adds them to prompts)" : "added to the system message of main calls"),
       card("replaced", String(d.counts.replaced || 0), "a newer directive contradicted them"),
       card("evicted", String(d.counts.evicted || 0), "pushed out by the cap (memory.max_entries)"),
+      card("retired", String(d.counts.retired || 0), "the weights alone follow them (clawrl serve --memory --distill)"),
       card("turned off", String(d.counts.disabled || 0), "by hand (clawrl memory edit --off)")),
     el("h2", { text: "Active" }),
     d.active.length ? table(headers, d.active.map(row)) : el("p", { class: "muted", text: "no entries: hints and feedback comments add them (clawrl memory add, POST /v1/memory)" }),
