@@ -190,3 +190,25 @@ def test_options_keep_a_conversations_block_but_not_forgotten_words(store_target
         keeper.forget(lead.id)
         opts = keeper.options(store, None, later, recorded=[began])
         assert opts[0]["entries"] == [bullets.id] and "Lead" not in opts[0]["text"]
+
+
+def test_a_guarded_save_leaves_an_entry_another_writer_changed(store_target):
+    """``save_memory_if_unchanged`` (the distillation's bookkeeping) writes an entry only where
+    its status, text and support are still those it was read with, on both backends."""
+    from clawrl.store import MemoryEntryRecord, MemorySource, MemoryStatus
+
+    with Store(store_target()) as store:
+        a = MemoryEntryRecord(text="Lead with the number.", source=MemorySource.MANUAL)
+        b = MemoryEntryRecord(text="Keep it short.", source=MemorySource.MANUAL)
+        store.change_memory(add=[a, b])
+        read = [store.get_memory_entry(a.id), store.get_memory_entry(b.id)]
+        other = store.get_memory_entry(b.id)
+        other.support += 1  # another writer merges into b meanwhile
+        store.change_memory(save=[other])
+        for e in read:
+            e.history.append({"event": "distilled", "gaps": [0.1]})
+        expected = [(e, MemoryStatus.ACTIVE, e.text, 1) for e in read]
+        assert store.save_memory_if_unchanged(expected) == [a.id]
+        assert store.get_memory_entry(a.id).history[-1]["gaps"] == [0.1]
+        kept = store.get_memory_entry(b.id)
+        assert kept.support == 2 and not kept.history
