@@ -118,3 +118,32 @@ def test_missing_and_not_toml(tmp_path):
     (tmp_path / "x.toml").write_text("name = [")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_scenario(tmp_path / "x.toml")
+
+
+def test_the_parent_example_is_a_user_whose_wishes_differ_from_the_students():
+    """``examples/scenarios/parent.toml`` (the memory measurement's second user) loads, and an
+    answer the parent fully accepts fails the student's rubric and the reverse."""
+    import asyncio
+    from pathlib import Path
+
+    from clawrl.envs import load_scenario, make_user, problem_split
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "scenarios" / "parent.toml"
+    parent_spec, student_spec = load_scenario(str(path)), load_scenario("student")
+    parent, student = (
+        make_user(parent_spec, "rule", seed=0),
+        make_user(student_spec, "rule", seed=0),
+    )
+    problem = problem_split(parent_spec.dataset(), held_out=4, seed=0).held_out[0]
+    steps = (
+        "1. Each day: 13 x 2 = 26 dollars.\n2. Over 4 days: 26 x 4 = 104 dollars.\n"
+        "3. Left: 104 - 10 = 94.\nAnswer: 94"
+    )
+    casual = "94 bucks. he makes 26 a day, so 104, minus the 10 he spends."
+    assert parent.evaluate(parent.start(problem), steps).failed == ()
+    assert student.evaluate(student.start(problem), casual).failed == ()
+    assert parent.evaluate(parent.start(problem), casual).failed
+    assert student.evaluate(student.start(problem), steps).failed
+    reply = asyncio.run(parent.respond(parent.start(problem), [], "**Great!** 94", turn=0,
+                                       final=False))  # fmt: skip
+    assert not reply.done and "exclamation" in reply.text.lower()
