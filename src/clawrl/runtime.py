@@ -36,7 +36,6 @@ mode's warm-start gateway over scripted replies, :func:`build_replay_gateway`.
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,8 +47,6 @@ from clawrl.engine.threads import call_in_transient_thread
 from clawrl.errors import ConfigError
 from clawrl.judge.worker import JudgeFn
 from clawrl.store import Store
-
-log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -372,8 +369,9 @@ def build_runtime(
         raise ConfigError(f"memory.distill needs a method with a teacher (opd or combine), not "
                           f"{method.kind!r}")  # fmt: skip
     if config.memory.distill and not config.memory.enabled:
-        log.warning("memory.distill without memory.enabled: only turns that other replicas "
-                    "served with memory are distilled (clawrl serve --memory --distill)")  # fmt: skip
+        raise ConfigError("memory.distill trains the turns this server gives its memory: turn "
+                          "the memory on too (clawrl serve --memory --distill, or "
+                          "memory.enabled = true)")  # fmt: skip
     owned: list[Callable[[], None]] = []
     try:
         if not isinstance(store, Store):  # first: a bad store URL fails before the model loads

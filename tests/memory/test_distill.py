@@ -216,6 +216,8 @@ def test_the_runtime_refuses_distill_without_an_online_learner(tmp_path):
     with pytest.raises(ConfigError, match=r"memory\.distill"):
         build_runtime(cfg, store=tmp_path / "s.db", policy=tiny_policy(seed=0))
     cfg = load_config(None, ["memory.distill=true", "trainer.method=combine"])
+    with pytest.raises(ConfigError, match="turn the memory on too"):
+        build_runtime(cfg, store=tmp_path / "s.db", policy=tiny_policy(seed=0))
     with pytest.raises(ConfigError, match="clawrl train does not distil"):
         build_trainer_process(cfg, None)  # type: ignore[arg-type]
 

@@ -212,3 +212,18 @@ def test_a_guarded_save_leaves_an_entry_another_writer_changed(store_target):
         assert store.get_memory_entry(a.id).history[-1]["gaps"] == [0.1]
         kept = store.get_memory_entry(b.id)
         assert kept.support == 2 and not kept.history
+
+
+def test_one_wish_said_twice_merges_even_when_it_names_both_lengths():
+    """ "Too long ... short sentence" takes both sides of the length pair: no direction, so a
+    later "Still too long ... short sentence" is the same wish (found by a new-user trial)."""
+    from clawrl.judge.hints import extract_directive
+    from clawrl.judge.types import NextStateRole
+    from clawrl.memory.rules import decide
+
+    old = "Too long. Please lead with the number, then at most one short sentence."
+    d = decide([old], "Still too long. Please lead with the number, then one short sentence.")
+    assert d.action == "merge"
+    assert decide(["Keep it short."], "Longer answers please.").action == "replace"
+    found = extract_directive("Too long. Lead with the number.", NextStateRole.USER)
+    assert found is not None and "Lead with the number." in found.text

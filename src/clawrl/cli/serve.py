@@ -296,7 +296,12 @@ def run(args: argparse.Namespace) -> int:
             if cfg.memory.enabled:  # a line per memory change (clawrl.memory's log)
                 logging.getLogger("clawrl.memory").setLevel(logging.INFO)
                 n = len(runtime.store.memory_entries())
-                print(f"clawrl memory: on, {n} active entries (clawrl memory list; "
+                distill = (
+                    f", distilled into the weights (entries retire at a gap <= "
+                    f"{cfg.memory.retire_gap} over {cfg.memory.retire_turns} turns)"
+                    if cfg.memory.distill else ""
+                )  # fmt: skip
+                print(f"clawrl memory: on, {n} active entries{distill} (clawrl memory list; "
                       f"the dashboard's Memory page)", flush=True)  # fmt: skip
         print(
             f"  curl -N {base}/chat/completions{auth} -H 'Content-Type: application/json' \\\n"

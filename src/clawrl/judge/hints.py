@@ -170,7 +170,7 @@ _IMPERATIVE = re.compile(
     r"look|open|edit|delete|install|import|test|verify|mention|cite|follow|skip|drop|prefer|start|"
     r"return|print|save|sort|shorten|summarize|summarise|translate|convert|wrap|move|set|update|pass|"
     r"ask|leave|limit|capitalize|lowercase|quote|respect|handle|lose|cut|trim|turn|say|tell|"
-    r"loosen|tone|simplify|rewrite|rephrase|get rid|take out|stick|go easy|be)\b",
+    r"loosen|tone|simplify|rewrite|rephrase|get rid|take out|stick|go easy|lead|be)\b",
     re.IGNORECASE,
 )
 _LEAD = re.compile(

@@ -114,7 +114,10 @@ def contradicts(new: str, old: str) -> bool:
     rest_n = [w for w in nw if w not in _DIRECTION]
     rest_o = [w for w in ow if w not in _DIRECTION]
     topic = overlap_f1(rest_n, rest_o)
-    opposed = [d // 2 for d in _direction(nw) if (d ^ 1) in _direction(ow)]
+    dn, do = _direction(nw), _direction(ow)
+    # a pair is opposed when each directive takes one side of it only ("too long, make it
+    # short" takes both: no direction)
+    opposed = [d // 2 for d in dn if (d ^ 1) in do and (d ^ 1) not in dn and d not in do]
     if any(p in GLOBAL_PAIRS for p in opposed) or (opposed and topic >= TOPIC_F1):
         return True
     negated = bool(_NEGATION.search(new)) != bool(_NEGATION.search(old))

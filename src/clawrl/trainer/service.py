@@ -209,11 +209,17 @@ class OnlineService:
     def step_line(self, m: dict[str, float]) -> str:
         """One line per training step for the server's console."""
         drops = sum(self.learner.state.drops.values())
+        distilled = ""
+        if "distill/samples" in m:  # memory.distill: turns trained without their memory
+            distilled = (f" | distilled {int(m['distill/samples'])} gap "
+                         f"{m.get('distill/gap', 0.0):.3f}")  # fmt: skip
+            if m.get("memory/retired"):
+                distilled += f" retired {int(m['memory/retired'])}"
         return (
             f"step {int(m['step'])}: policy v{int(m['policy/version'])} | "
             f"loss {m.get('loss', 0.0):+.4f} | reward {m.get('reward/mean', 0.0):+.2f} | "
             f"hint rate {m.get('hint/rate', 0.0):.2f} | clip {m.get('clip/high_frac', 0.0):.3f}"
-            f"/{m.get('clip/low_frac', 0.0):.3f} | kl {m.get('kl/ref', 0.0):.4f} | "
+            f"/{m.get('clip/low_frac', 0.0):.3f} | kl {m.get('kl/ref', 0.0):.4f}{distilled} | "
             f"{m.get('time/step_total', 0.0):.1f} s | judged {self.worker.judged} | "
             f"dropped {drops}"
         )
