@@ -53,6 +53,29 @@ def test_contradiction_needs_the_same_topic():
     assert decide([], "anything at all").action == "add"
 
 
+@pytest.mark.parametrize(
+    ("new", "old"),
+    [
+        # the same wish said again, annoyed (from a demo run's memory: these replaced each other)
+        ("Still no good, it's way too wordy. I only need a sentence or two.",
+         "Same thing as before, I only need a sentence or two."),
+        ("Still way too long, I just need a couple sentences.", "Keep it short."),
+        ("Still not fixed, just a few sentences pls, and make it like half as long, or less.",
+         "Too much text, keep it brief."),
+    ],
+)  # fmt: skip
+def test_a_wish_said_again_in_a_complaint_does_not_contradict_itself(new, old):
+    assert not contradicts(new, old)
+    assert decide([old], new).action != "replace"
+
+
+def test_a_complaint_asks_for_the_other_side():
+    assert contradicts("Too short, please explain more.", "Keep it short.")
+    assert contradicts("Way too long.", "Give a longer, detailed answer.")
+    assert not contradicts("Too long, make it shorter.", "Keep it brief.")
+    assert contradicts("No headings in the answer, please.", "Use headings in the answer.")
+
+
 # --- prompt block ----------------------------------------------------------------------------
 
 SYS = ChatMessage(role="system", content="  You are terse.")

@@ -13,10 +13,13 @@ checked by reading them:
 * **Contradiction**: the two texts point in opposite directions on the same thing: one holds a
   word of an :data:`OPPOSITES` pair and the other its opposite, about the whole answer (length,
   register: :data:`GLOBAL_PAIRS`) or about the same topic (content-word F1 >= :data:`TOPIC_F1`
-  once the words that carry a direction are left out); or one is negated ("don't", "never",
-  "no", "without") and the other is not, on the same topic (a higher bar,
-  :data:`NEGATION_TOPIC_F1`). The newer directive replaces the older entry ("longer answers
-  please" after "keep it short").
+  once the words that carry a direction are left out); or one asks for something not to be
+  done ("don't ...", "never ...", "no headings", "without ...") and the other does not, on the
+  same topic (a higher bar, :data:`NEGATION_TOPIC_F1`). The newer directive replaces the older
+  entry ("longer answers please" after "keep it short"). A complaint names the direction it
+  wants, not the word it uses ("too long" asks for shorter), and a complaint's "not fixed" or
+  "still no good" is not a negated directive: a user saying the same wish again, annoyed, does
+  not contradict it.
 * Otherwise the directive is a new entry; past the cap, the entry updated least recently is
   evicted.
 
@@ -67,7 +70,19 @@ opposite directions contradict whatever else the two directives name ("Longer an
 against "Keep it short."). The others need the same topic ("Put the number last." against
 "Lead with the number.", not "Remove the emojis." against "Keep it short.")."""
 
-_NEGATION = re.compile(r"\b(don'?t|do not|never|no|not|stop|without|avoid|quit)\b", re.I)
+_CLAUSE = re.compile(r"[.!?;:,\n]+\s*|\s+(?:and|but|so|or|plus)\s+", re.I)
+_CLAUSE_LEAD = re.compile(
+    r"^(?:(?:still|wait|again|also|ok|okay|so|and|but|then|thanks|hmm+|well|yeah|yes|"
+    r"please|pls|just)\s+)+",
+    re.I,
+)
+_NEGATED_CLAUSE = re.compile(
+    r"^(?:don'?t|do not|never|stop|avoid|quit|no more|no\s+(?!(?:good|luck|way|problem|"
+    r"worries|idea|clue|matter|one|change|better|different|thanks)\b)[a-z\"']|less\s+[a-z\"'])",
+    re.I,
+)
+"""A clause that asks for something *not* to be done ("don't use bold", "no headings",
+"never say 'we'"); "not fixed", "still no good" and "why not" say nothing of the kind."""
 _DIRECTION = frozenset(w for pair in OPPOSITES for side in pair for w in side)
 
 
@@ -88,15 +103,33 @@ class Decision:
     why: str = ""
 
 
-def _direction(words: Sequence[str]) -> set[int]:
-    """Which side (0 / 1) of each :data:`OPPOSITES` pair the words take, as ``2 * pair + side``."""
+def _direction(text: str) -> set[int]:
+    """Which side (0 / 1) of each :data:`OPPOSITES` pair the text asks for, as ``2 * pair +
+    side``. A complaint about the answer asks for the other side ("too long": shorter, "too
+    short": longer); a comparison names none ("half as long")."""
     out = set()
-    for i, (a, b) in enumerate(OPPOSITES):
-        if a & set(words):
-            out.add(2 * i)
-        if b & set(words):
-            out.add(2 * i + 1)
+    words = re.findall(r"[a-z']+", text.lower())
+    for k, w in enumerate(words):
+        before = words[k - 1] if k else ""
+        if before == "as":
+            continue
+        for i, sides in enumerate(OPPOSITES):
+            for side, ws in enumerate(sides):
+                if w in ws:
+                    out.add(2 * i + (1 - side if before == "too" else side))
     return out
+
+
+def _negated(text: str) -> bool:
+    """Whether a clause of ``text`` asks for something not to be done (:data:`_NEGATED_CLAUSE`,
+    or "without ...")."""
+    if re.search(r"\bwithout\b", text, re.I):
+        return True
+    for clause in _CLAUSE.split(text):
+        core = _CLAUSE_LEAD.sub("", clause.strip().strip("\"'\u201c\u201d")).strip()
+        if _NEGATED_CLAUSE.match(core):
+            return True
+    return False
 
 
 def _words(text: str) -> list[str]:
@@ -114,13 +147,13 @@ def contradicts(new: str, old: str) -> bool:
     rest_n = [w for w in nw if w not in _DIRECTION]
     rest_o = [w for w in ow if w not in _DIRECTION]
     topic = overlap_f1(rest_n, rest_o)
-    dn, do = _direction(nw), _direction(ow)
-    # a pair is opposed when each directive takes one side of it only ("too long, make it
-    # short" takes both: no direction)
+    dn, do = _direction(new), _direction(old)
+    # a pair is opposed when each directive takes one side of it only ("a longer answer, not
+    # a short one" takes both: no direction)
     opposed = [d // 2 for d in dn if (d ^ 1) in do and (d ^ 1) not in dn and d not in do]
     if any(p in GLOBAL_PAIRS for p in opposed) or (opposed and topic >= TOPIC_F1):
         return True
-    negated = bool(_NEGATION.search(new)) != bool(_NEGATION.search(old))
+    negated = _negated(new) != _negated(old)
     return negated and topic >= NEGATION_TOPIC_F1
 
 
