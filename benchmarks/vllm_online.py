@@ -138,9 +138,10 @@ def main() -> None:
                 schedule="async",
             )  # fmt: skip
             during, sessions, steps, wall = _demo_phase(settings, cfg, args.steps)
+            step_s = _step_seconds(f"{tmp}/demo")
             print(f"training: {len(during)} short requests, {steps} steps, {sessions} sessions "
                   f"in {wall:.0f} s, p50 {statistics.median(during):.2f} s, p99 "
-                  f"{_pct(during, 0.99):.2f} s", flush=True)  # fmt: skip
+                  f"{_pct(during, 0.99):.2f} s, step {step_s}", flush=True)  # fmt: skip
 
             # the same traffic with training off: the same demo, for as long, but its learner
             # never has a batch (every judged turn still judged, nothing stepped or scored)
@@ -158,7 +159,8 @@ def main() -> None:
     print(f"\nshort requests (8 tokens, greedy) through clawrl's gateway on one vLLM CPU server; "
           f"Combined, batch {args.batch_size}, {steps} steps in {wall / 60:.1f} min "
           f"({sessions} sessions), training off: {off_sessions} sessions in "
-          f"{off_wall / 60:.1f} min; teacher scoring: {args.teacher_scoring}")  # fmt: skip
+          f"{off_wall / 60:.1f} min; teacher scoring: {args.teacher_scoring}; training step "
+          f"(time/step_total) {step_s}")  # fmt: skip
     print(f"{'phase':<30} {'n':>4} {'p50 s':>7} {'p99 s':>7} {'max s':>7}")
     for name, xs in (("idle", idle), ("demo traffic, training off", off),
                      ("demo traffic, training on", during)):  # fmt: skip
@@ -168,6 +170,18 @@ def main() -> None:
         f"p99 training on / idle: {_pct(during, 0.99) / _pct(idle, 0.99):.1f}x (target <= 2x); "
         f"training on / off, same traffic: {_pct(during, 0.99) / _pct(off, 0.99):.1f}x"
     )
+
+
+def _step_seconds(out_dir: str) -> str:
+    """Mean and max ``time/step_total`` over the steps the demo under ``out_dir`` wrote to its
+    metrics.jsonl files, as text ("n/a" when none)."""
+    import json
+    from pathlib import Path
+
+    xs = [row["time/step_total"] for path in Path(out_dir).rglob("metrics.jsonl")
+          for row in map(json.loads, path.read_text().splitlines())
+          if "time/step_total" in row]  # fmt: skip
+    return f"mean {statistics.mean(xs):.1f} s, max {max(xs):.1f} s" if xs else "n/a"
 
 
 def _demo_phase(settings, cfg, steps: int | None) -> tuple[list[float], int, int, float]:
