@@ -5,7 +5,8 @@ A memory arm of the demo (``clawrl demo --memory``) records every judge's hint a
 comment in its store. This script feeds them, in the order they were recorded, to a fresh
 :class:`clawrl.memory.MemoryKeeper` (same cap) and measures, against the scenario's rubric, which
 of the user's wishes the active entries name: an entry *names* a check when it holds one of the
-check's complaint texts (the simulated user builds every reply from them; slots match anything).
+check's complaint texts, or a clause of three words or more of one (the simulated user builds
+every reply from them; a slot matches one to three words).
 It prints the number of checks the user asked for, the checks the memory names after the last
 directive and on average after each one, the entries that name no check, and the adds, merges,
 replacements and evictions. The stream is the run's own, so this compares rules on one fixed
@@ -31,15 +32,19 @@ def _norm(text: str) -> str:
 
 
 def check_patterns(spec: Any) -> dict[str, list[re.Pattern[str]]]:
-    """Check name -> regexes of its complaint texts (normalised; ``{slot}`` matches words)."""
+    """Check name -> regexes of its complaint texts' clauses of three words or more
+    (normalised; a ``{slot}`` matches one to three words)."""
     out: dict[str, list[re.Pattern[str]]] = {}
     for c in spec.checks:
         pats = []
         for complaint in c.complaints:
-            parts = re.split(r"\{[a-z_]+\}", complaint)
-            body = r"[a-z0-9' ]+?".join(re.escape(_norm(p)) for p in parts)
-            if len(body) >= 8:
-                pats.append(re.compile(rf"(?:^| ){body.strip()}(?: |$)"))
+            for clause in re.split(r"[.?!;,]+", complaint):
+                parts = [_norm(p) for p in re.split(r"\{[a-z_]+\}", clause)]
+                if sum(len(p.split()) for p in parts) < 3:
+                    continue
+                slot = r" ?(?:[a-z0-9']+ ?){1,3}"
+                body = slot.join(re.escape(p) for p in parts).strip()
+                pats.append(re.compile(rf"(?:^| ){body}(?: |$)"))
         out[c.name] = pats
     return out
 

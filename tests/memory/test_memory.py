@@ -53,27 +53,55 @@ def test_contradiction_needs_the_same_topic():
     assert decide([], "anything at all").action == "add"
 
 
-@pytest.mark.parametrize(
-    ("new", "old"),
-    [
-        # the same wish said again, annoyed (from a demo run's memory: these replaced each other)
-        ("Still no good, it's way too wordy. I only need a sentence or two.",
-         "Same thing as before, I only need a sentence or two."),
-        ("Still way too long, I just need a couple sentences.", "Keep it short."),
-        ("Still not fixed, just a few sentences pls, and make it like half as long, or less.",
-         "Too much text, keep it brief."),
-    ],
-)  # fmt: skip
-def test_a_wish_said_again_in_a_complaint_does_not_contradict_itself(new, old):
+SAME_WISH = [
+    # the same wish said again, annoyed (from a demo run's memory: these replaced each other)
+    ("Still no good, it's way too wordy. I only need a sentence or two.",
+     "Same thing as before, I only need a sentence or two."),
+    ("Still way too long, I just need a couple sentences.", "Keep it short."),
+    ("Still not fixed, just a few sentences pls, and make it like half as long, or less.",
+     "Too much text, keep it brief."),
+    # found by a review: words that only start like a negation, complaints, limits
+    ("Quite wordy still, I only need a sentence or two.", "I only need a sentence or two."),
+    ("Nevertheless, I only need a sentence or two.", "I only need a sentence or two."),
+    ("Still no improvement, keep it short.", "Keep it short."),
+    ("No no, keep it short.", "Keep it short."),
+    ("No offense, but keep it short.", "Keep it short."),
+    ("Still no changes, I only need a sentence or two.", "I only need a sentence or two."),
+    ("I said no headings!", "No headings."),
+    ("No more than 60 words.", "Keep it under 60 words."),
+    ("One or two sentences, no more.", "One or two sentences."),
+    ("Not so long please.", "Keep it short."),
+    ("Avoid long explanations.", "Keep it brief."),
+    ("Stop being so verbose.", "Keep it short."),
+    ("Don't skip the steps.", "Show every step."),
+    ("Don't forget the units.", "Include the units."),
+    ("Show the units too. Short answers please.", "Keep it short."),
+    ("Keep it as short as possible.", "Keep it short."),
+]  # fmt: skip
+
+OPPOSED = [
+    ("Longer answers please.", "Keep it short."),
+    ("Too short, please explain more.", "Keep it short."),
+    ("Way too long.", "Give a longer, detailed answer."),
+    ("Use bold for the answer.", "Don't use bold."),
+    ("Don\u2019t use bold.", "Use bold for the answer."),
+    ("Don't show the steps.", "Show every step."),
+    ("Keep it as short as possible.", "Give a long, detailed answer."),
+    ("No headings in the answer, please.", "Use headings in the answer."),
+    ("Stop using headings in the answer.", "Use headings in the answer."),
+]
+
+
+@pytest.mark.parametrize(("new", "old"), SAME_WISH)
+def test_a_wish_said_again_does_not_contradict_itself(new, old):
     assert not contradicts(new, old)
     assert decide([old], new).action != "replace"
 
 
-def test_a_complaint_asks_for_the_other_side():
-    assert contradicts("Too short, please explain more.", "Keep it short.")
-    assert contradicts("Way too long.", "Give a longer, detailed answer.")
-    assert not contradicts("Too long, make it shorter.", "Keep it brief.")
-    assert contradicts("No headings in the answer, please.", "Use headings in the answer.")
+@pytest.mark.parametrize(("new", "old"), OPPOSED)
+def test_opposite_wishes_contradict(new, old):
+    assert contradicts(new, old)
+    assert decide([old], new).action == "replace"
 
 
 # --- prompt block ----------------------------------------------------------------------------

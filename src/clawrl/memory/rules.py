@@ -14,12 +14,13 @@ checked by reading them:
   word of an :data:`OPPOSITES` pair and the other its opposite, about the whole answer (length,
   register: :data:`GLOBAL_PAIRS`) or about the same topic (content-word F1 >= :data:`TOPIC_F1`
   once the words that carry a direction are left out); or one asks for something not to be
-  done ("don't ...", "never ...", "no headings", "without ...") and the other does not, on the
-  same topic (a higher bar, :data:`NEGATION_TOPIC_F1`). The newer directive replaces the older
-  entry ("longer answers please" after "keep it short"). A complaint names the direction it
-  wants, not the word it uses ("too long" asks for shorter), and a complaint's "not fixed" or
-  "still no good" is not a negated directive: a user saying the same wish again, annoyed, does
-  not contradict it.
+  done ("don't ...", "never ...", "stop ...", "avoid ...", "no headings", "less intro",
+  "without ...") and the other does not, on the same topic (a higher bar,
+  :data:`NEGATION_TOPIC_F1`). The newer directive replaces the older entry ("longer answers
+  please" after "keep it short"). Read clause by clause (:func:`_analyse`): a complaint names
+  the direction it wants, not the word it uses ("too long" asks for shorter; "avoid long
+  explanations" too), and a complaint's "not fixed", "still no good" or "no offense" is not a
+  negated directive: a user saying the same wish again, annoyed, does not contradict it.
 * Otherwise the directive is a new entry; past the cap, the entry updated least recently is
   evicted.
 
@@ -54,7 +55,7 @@ _PAIRS = (
         "long longer longest detailed verbose elaborate expand",
     ),
     ("first start begin lead", "last end finish after"),
-    ("omit skip drop remove", "include add show"),
+    ("omit skip drop remove forget", "include add show"),
     ("simple simpler plain", "complex technical formal"),
     ("casual informal", "formal"),
     ("less fewer", "more"),
@@ -70,19 +71,23 @@ opposite directions contradict whatever else the two directives name ("Longer an
 against "Keep it short."). The others need the same topic ("Put the number last." against
 "Lead with the number.", not "Remove the emojis." against "Keep it short.")."""
 
-_CLAUSE = re.compile(r"[.!?;:,\n]+\s*|\s+(?:and|but|so|or|plus)\s+", re.I)
+_CLAUSE = re.compile(r"[.!?;:,\n]+\s*|\s+(?:and|but|or|plus)\s+", re.I)
 _CLAUSE_LEAD = re.compile(
     r"^(?:(?:still|wait|again|also|ok|okay|so|and|but|then|thanks|hmm+|well|yeah|yes|"
-    r"please|pls|just)\s+)+",
+    r"please|pls|just|(?:like |as )?i said)\s+)+",
     re.I,
 )
 _NEGATED_CLAUSE = re.compile(
-    r"^(?:don'?t|do not|never|stop|avoid|quit|no more|no\s+(?!(?:good|luck|way|problem|"
-    r"worries|idea|clue|matter|one|change|better|different|thanks)\b)[a-z\"']|less\s+[a-z\"'])",
+    r"^(?:(?:don't|do not|never|stop|avoid|quit)\b|without\s|no more\s+(?!than\b)[a-z\"']|"
+    r"no\s+(?!(?:good|luck|way|problems?|worries|idea|clue|matter|one|changes?|better|"
+    r"different|difference|improvement|thanks|offen[cs]e|no|doubt|rush|the|that|this|it|i|you|"
+    r"more)\b)[a-z\"']|less\s+[a-z\"'])",
     re.I,
 )
 """A clause that asks for something *not* to be done ("don't use bold", "no headings",
-"never say 'we'"); "not fixed", "still no good" and "why not" say nothing of the kind."""
+"never say 'we'", "without the asterisks"); "not fixed", "still no good", "no more than 60
+words" and "no offense" say nothing of the kind."""
+_MULTIPLIER = frozenset(["half", "twice", "times", "quarter", "third", "double"])
 _DIRECTION = frozenset(w for pair in OPPOSITES for side in pair for w in side)
 
 
@@ -103,33 +108,36 @@ class Decision:
     why: str = ""
 
 
-def _direction(text: str) -> set[int]:
-    """Which side (0 / 1) of each :data:`OPPOSITES` pair the text asks for, as ``2 * pair +
-    side``. A complaint about the answer asks for the other side ("too long": shorter, "too
-    short": longer); a comparison names none ("half as long")."""
-    out = set()
-    words = re.findall(r"[a-z']+", text.lower())
-    for k, w in enumerate(words):
-        before = words[k - 1] if k else ""
-        if before == "as":
-            continue
-        for i, sides in enumerate(OPPOSITES):
-            for side, ws in enumerate(sides):
-                if w in ws:
-                    out.add(2 * i + (1 - side if before == "too" else side))
-    return out
+def _analyse(text: str) -> tuple[set[int], bool]:
+    """What ``text`` asks for, clause by clause: the side (0 / 1) of each :data:`OPPOSITES`
+    pair it takes, as ``2 * pair + side``, and whether a clause asks for something not to be
+    done (:data:`_NEGATED_CLAUSE`).
 
-
-def _negated(text: str) -> bool:
-    """Whether a clause of ``text`` asks for something not to be done (:data:`_NEGATED_CLAUSE`,
-    or "without ...")."""
-    if re.search(r"\bwithout\b", text, re.I):
-        return True
+    A complaint asks for the other side ("too long": shorter); so does a negated clause with a
+    direction word ("avoid long explanations", "not so long", "don't skip the steps"), whose
+    negation is then spent on the direction. A multiple names no side ("half as long").
+    """
+    text = text.replace("\u2019", "'")
+    sides: set[int] = set()
+    negated = False
     for clause in _CLAUSE.split(text):
         core = _CLAUSE_LEAD.sub("", clause.strip().strip("\"'\u201c\u201d")).strip()
-        if _NEGATED_CLAUSE.match(core):
-            return True
-    return False
+        neg = bool(_NEGATED_CLAUSE.match(core))
+        flip_all = neg or bool(re.match(r"not\b", core, re.I))
+        words = re.findall(r"[a-z']+", core.lower())
+        found = False
+        for k, w in enumerate(words):
+            before = words[k - 1] if k else ""
+            if before == "as" and k >= 2 and words[k - 2] in _MULTIPLIER:
+                continue
+            for i, pair in enumerate(OPPOSITES):
+                for side, ws in enumerate(pair):
+                    if w in ws:
+                        found = True
+                        flipped = (before == "too") != flip_all
+                        sides.add(2 * i + (1 - side if flipped else side))
+        negated = negated or (neg and not found)
+    return sides, negated
 
 
 def _words(text: str) -> list[str]:
@@ -147,14 +155,13 @@ def contradicts(new: str, old: str) -> bool:
     rest_n = [w for w in nw if w not in _DIRECTION]
     rest_o = [w for w in ow if w not in _DIRECTION]
     topic = overlap_f1(rest_n, rest_o)
-    dn, do = _direction(new), _direction(old)
+    (dn, neg_n), (do, neg_o) = _analyse(new), _analyse(old)
     # a pair is opposed when each directive takes one side of it only ("a longer answer, not
     # a short one" takes both: no direction)
     opposed = [d // 2 for d in dn if (d ^ 1) in do and (d ^ 1) not in dn and d not in do]
     if any(p in GLOBAL_PAIRS for p in opposed) or (opposed and topic >= TOPIC_F1):
         return True
-    negated = _negated(new) != _negated(old)
-    return negated and topic >= NEGATION_TOPIC_F1
+    return neg_n != neg_o and topic >= NEGATION_TOPIC_F1
 
 
 def decide(entries: Sequence[str], new: str) -> Decision:
