@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
 import tempfile
 import time
@@ -49,15 +48,6 @@ def directive_for(check: Any) -> str:
     return texts[0] if texts else check.description
 
 
-def paired_ci(a: list[bool], b: list[bool], reps: int = 2000, seed: int = 0) -> tuple[float, ...]:
-    """Mean of b - a over problems with its 95 % bootstrap interval (percentile, resampling
-    problems)."""
-    d = [float(y) - float(x) for x, y in zip(a, b, strict=True)]
-    r = random.Random(seed)
-    means = sorted(statistics.fmean(r.choices(d, k=len(d))) for _ in range(reps))
-    return statistics.fmean(d), means[int(0.025 * reps)], means[int(0.975 * reps) - 1]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--scenario", default="student", help="built-in name or scenario file")
@@ -77,6 +67,7 @@ def main() -> None:
     from clawrl.envs.scenario import load_scenario
     from clawrl.memory.prompt import memory_block
     from clawrl.runtime import build_runtime
+    from clawrl.stats import paired_diff_ci
 
     spec = load_scenario(args.scenario)
     split = run_split(DemoSettings(validation=True, eval_problems=args.problems), spec, args.seed)
@@ -128,11 +119,11 @@ def main() -> None:
           f"{'own - none [95% CI]':<24} {'all - none [95% CI]':<24}")  # fmt: skip
     rows = {}
     for c in spec.checks:
-        a = [x[c.name] for x in none]
-        own = [x[c.name] for x in results[c.name]["checks"]]
-        al = [x[c.name] for x in every]
-        st = [x[c.name] for x in stated]
-        d_own, d_all = paired_ci(a, own), paired_ci(a, al)
+        a = [float(x[c.name]) for x in none]
+        own = [float(x[c.name]) for x in results[c.name]["checks"]]
+        al = [float(x[c.name]) for x in every]
+        st = [float(x[c.name]) for x in stated]
+        d_own, d_all = paired_diff_ci(a, own), paired_diff_ci(a, al)
         r = rows[c.name] = {"none": statistics.fmean(a), "own": statistics.fmean(own),
                             "all": statistics.fmean(al), "stated": statistics.fmean(st),
                             "own_minus_none": d_own, "all_minus_none": d_all}  # fmt: skip

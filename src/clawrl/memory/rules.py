@@ -156,8 +156,8 @@ def contradicts(new: str, old: str) -> bool:
     rest_o = [w for w in ow if w not in _DIRECTION]
     topic = overlap_f1(rest_n, rest_o)
     (dn, neg_n), (do, neg_o) = _analyse(new), _analyse(old)
-    # a pair is opposed when each directive takes one side of it only ("a longer answer, not
-    # a short one" takes both: no direction)
+    # a pair is opposed when each directive takes one side of it only ("shorter, or longer if
+    # you must" takes both: no direction)
     opposed = [d // 2 for d in dn if (d ^ 1) in do and (d ^ 1) not in dn and d not in do]
     if any(p in GLOBAL_PAIRS for p in opposed) or (opposed and topic >= TOPIC_F1):
         return True
