@@ -180,3 +180,33 @@ def test_teacher_thanks_vary_and_end_the_session():
     for t in thanks:
         _assert_natural(t)
     assert len(set(TEACHER.replies.thanks)) >= 10
+
+
+def test_polite_complaints_written_without_punctuation_read_as_sentences():
+    """A polite scenario whose complaints have no final punctuation (examples/scenarios/
+    parent.toml) still gives one sentence per complaint: each ends with a full stop before the
+    next part and the sign-off, and one that starts the reply or follows a bare space starts
+    with a capital; complaints that end in punctuation are left as written (teacher)."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "scenarios" / "parent.toml"
+    spec = load_scenario(str(path))
+    assert any(c[-1].isalnum() for check in spec.checks for c in check.complaints)
+    answer = "Great! We can do it.\n# Working\nFirst add, then multiply, and you get 5."
+    seen = 0
+    for seed in range(3):
+        user = RuleUser(spec, seed=seed)
+        for p in PROBLEMS[:8]:
+            task = user.start(p)
+            result = user.evaluate(task, answer)
+            assert len(result.failed) >= 2
+            reply = user.reply(result, task, turn=1, final=True)
+            assert reply[0].isupper(), reply
+            # no run-on join: a lower-case word never runs into a connective or the sign-off
+            joins = [c.strip() for c in spec.replies.connectives if c.strip()]
+            joins += [s.split()[0] for s in spec.replies.sign_offs]
+            for word in joins:
+                assert not re.search(rf"[a-z0-9] {re.escape(word)}", reply), (word, reply)
+            assert not re.search(r"[a-z][.?!] [a-z]", reply), reply
+            seen += 1
+    assert seen == 24

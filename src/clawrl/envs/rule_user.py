@@ -107,14 +107,19 @@ class RuleUser:
                 "right": flaw.right_value if flaw else "",
             }
             text = choose(check.complaints, key, turn, name).format(**slots)
+            polite = r.style == "polite"
+            if polite and text[-1:].isalnum():  # a sentence of its own before the next part
+                text += "."
             if i == 0:
                 pool = r.still if name in previous_failed else r.leads
                 lead = choose(pool, key, turn, "lead")
-                text = f"{lead} {text}" if lead else text
+                text = f"{lead} {text}" if lead else capitalize_first(text) if polite else text
             else:
                 conn = choose(r.connectives, key, turn, i, "and")
-                if r.style == "polite" and conn.strip():
+                if polite and conn.strip():
                     text = _lower_first(text)
+                elif polite:  # a bare space starts a new sentence
+                    text = capitalize_first(text)
                 text = conn + text
             parts.append(text)
         reply = "".join(parts)

@@ -25,7 +25,9 @@ are such files (``clawrl/scenarios/*.toml``)::
 
     [replies]
     style = "casual"              # casual: random capitals, a final period added;
-                                  # polite: phrasings sent as written, joined in lowercase
+                                  # polite: sentences; a complaint without final
+                                  # punctuation gets a full stop, one starting a
+                                  # sentence a capital, after a connective lowercase
     max_complaints = 3            # checks named per reply at most
     thanks = ["perfect, thanks!!", "..."]
     sign_offs = ["never mind then", "..."]
