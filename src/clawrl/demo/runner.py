@@ -42,6 +42,7 @@ from clawrl.stats import bootstrap_ci, sessions_to_converge
 if TYPE_CHECKING:
     from clawrl.envs import EvalResult, ScenarioSpec, SessionLog
     from clawrl.envs.problems import ProblemSplit
+    from clawrl.memory import MemoryKeeper
     from clawrl.models import Policy
     from clawrl.runtime import JudgeBundle
     from clawrl.trainer.service import OnlineService
@@ -429,7 +430,7 @@ def run_method(
             service.step_limit = target
             deadline = time.monotonic() + settings.timeout_s * max(1, settings.jobs)
             if fixed:  # samples left over from the last wave first
-                _settle(service, [])
+                _settle(service, [], runtime.app.state.gateway.memory)
 
             def reached(t: int = target) -> bool:
                 return service.status().steps >= t
@@ -460,7 +461,8 @@ def run_method(
                     logs[len(logs) - len(done) :] = done  # in start order
                     cursor += len(done)
                     wave += 1
-                    _settle(service, [log.session_id for log in done])
+                    _settle(service, [log.session_id for log in done],
+                            runtime.app.state.gateway.memory)  # fmt: skip
                     continue
                 # a pool, not waves: a new session starts as soon as one ends, so the engine
                 # keeps ``concurrency`` sessions decoding instead of waiting for a wave's slowest
@@ -549,10 +551,16 @@ def fixed_wave_size(settings: DemoSettings, cfg: Config, max_turns: int) -> int:
     return max(1, min(settings.concurrency, fits))
 
 
-def _settle(service: OnlineService, sessions: list[str]) -> None:
+def _settle(
+    service: OnlineService, sessions: list[str], memory: MemoryKeeper | None = None
+) -> None:
     """The fixed schedule's step (:meth:`clawrl.trainer.service.OnlineService.settle`), then
-    wait until the engine serves the version it ended at, so the next wave samples from it."""
+    wait until the engine serves the version it ended at, so the next wave samples from it.
+    With a ``memory``, the wave's hints are taken into it now (its reads are otherwise at most
+    one per ``memory.sync_s``): the next wave starts with them however fast this wave ended."""
     service.settle_from_thread(sessions)
+    if memory is not None:
+        memory.sync(force=True)
     end = time.monotonic() + 120.0
     while not service.serving_version(service.status().policy_version):
         if time.monotonic() > end:
