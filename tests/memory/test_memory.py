@@ -176,6 +176,23 @@ def test_keeper_takes_hints_and_feedback_once_and_survives_restarts(store_target
         assert store.memory_entries()[0].support == 2
 
 
+def test_hints_judged_out_of_order_are_taken_in_conversation_order(store_target):
+    """Judges run concurrently and finish in any order; the memory takes one sync's hints in
+    the order their turns were said, so the later wish wins however the judges finished."""
+    with Store(store_target()) as store:
+        keeper = MemoryKeeper(store, sync_s=0.0)
+        first, second = _turn(store), _turn(store)  # said in this order
+        for t, text in ((second, "Keep it short."), (first, "Longer answers please.")):
+            store.record_judgment(JudgmentRecord(t.id, "s1", -1, backend="choice", hint=text))
+        keeper.sync(force=True)
+        assert [e.text for e in store.memory_entries()] == ["Keep it short."]
+        replaced = store.memory_entries(active_only=False)
+        assert [(e.text, e.status) for e in replaced] == [
+            ("Longer answers please.", MemoryStatus.REPLACED),
+            ("Keep it short.", MemoryStatus.ACTIVE),
+        ]
+
+
 def test_keeper_replaces_contradictions_and_keeps_the_cap(store_target):
     with Store(store_target()) as store:
         keeper = MemoryKeeper(store, max_entries=2, sync_s=0.0)

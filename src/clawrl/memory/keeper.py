@@ -187,7 +187,11 @@ class MemoryKeeper:
                 return 0
             self._synced_at = now
             changed = 0
-            for src in self.store.memory_sources_since(self._cursor - OVERLAP_S):
+            # a batch in conversation order, not in the order its judges finished (they run
+            # concurrently): merging, replacing and evicting depend on the order, and the same
+            # sessions judged again must leave the same memory
+            batch = self.store.memory_sources_since(self._cursor - OVERLAP_S)
+            for src in sorted(batch, key=_conversation_order):
                 self._cursor = max(self._cursor, src["created_at"])
                 if self.store.memory_source_taken(src["id"]):
                     continue
@@ -419,6 +423,13 @@ class MemoryKeeper:
             )
             log.info("memory: forgot %s", entry_id[:8])
             return True
+
+
+def _conversation_order(src: dict[str, Any]) -> tuple[str, float, str]:
+    """Sort key of a directive in a sync batch: its session, when its turn was recorded, its
+    id (:meth:`clawrl.store.Store.memory_sources_since`)."""
+    at = src.get("turn_at")
+    return (src.get("session_id") or "", src["created_at"] if at is None else at, src["id"])
 
 
 def entry_json(e: MemoryEntryRecord, *, history: bool = False) -> dict[str, Any]:

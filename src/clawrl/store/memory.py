@@ -279,27 +279,31 @@ class MemoryEntries:
         hints (``{"kind": "hint", ...}``; feedback judged into a hint is left out, its comment
         is listed instead) and feedback comments (``{"kind": "feedback", ...}``), each with
         ``id`` (``hint:TURN_ID`` or ``feedback:FEEDBACK_ID``), ``created_at``, ``turn_id``,
-        ``session_id`` and ``text`` (the hint, or the whole comment: the caller picks its
-        directive sentences)."""
+        ``session_id``, ``turn_at`` (when its turn was recorded; ``None`` without one) and
+        ``text`` (the hint, or the whole comment: the caller picks its directive sentences)."""
         if self.schema_version < MEMORY_SCHEMA_VERSION:
             return []
         with self._read() as conn:
             hints = conn.execute(
-                "SELECT created_at, turn_id, session_id, hint FROM judgments WHERE created_at > ? "
-                "AND hint IS NOT NULL AND hint != '' AND backend != 'feedback' "
-                "ORDER BY created_at LIMIT ?",
+                "SELECT j.created_at, j.turn_id, j.session_id, j.hint, t.created_at FROM judgments "
+                "j LEFT JOIN turns t ON t.id = j.turn_id WHERE j.created_at > ? "
+                "AND j.hint IS NOT NULL AND j.hint != '' AND j.backend != 'feedback' "
+                "ORDER BY j.created_at LIMIT ?",
                 (float(since), int(limit)),
             ).fetchall()
             comments = conn.execute(
-                "SELECT created_at, turn_id, session_id, comment, reward, id FROM feedback WHERE "
-                "created_at > ? AND comment IS NOT NULL AND comment != '' "
-                "ORDER BY created_at LIMIT ?",
+                "SELECT f.created_at, f.turn_id, f.session_id, f.comment, f.reward, f.id, "
+                "t.created_at FROM feedback f LEFT JOIN turns t ON t.id = f.turn_id WHERE "
+                "f.created_at > ? AND f.comment IS NOT NULL AND f.comment != '' "
+                "ORDER BY f.created_at LIMIT ?",
                 (float(since), int(limit)),
             ).fetchall()
         out = [{"kind": "hint", "id": f"hint:{r[1]}", "created_at": float(r[0]), "turn_id": r[1],
-                "session_id": r[2], "text": r[3]} for r in hints]  # fmt: skip
+                "session_id": r[2], "text": r[3],
+                "turn_at": float(r[4]) if r[4] is not None else None} for r in hints]  # fmt: skip
         out += [{"kind": "feedback", "id": f"feedback:{r[5]}", "created_at": float(r[0]), "turn_id": r[1],
-                 "session_id": r[2], "text": r[3], "reward": float(r[4])} for r in comments]  # fmt: skip
+                 "session_id": r[2], "text": r[3], "reward": float(r[4]),
+                 "turn_at": float(r[6]) if r[6] is not None else None} for r in comments]  # fmt: skip
         # a list cut at ``limit`` ends the window: later rows of the other come next time
         full = [float(rows[-1][0]) for rows in (hints, comments) if len(rows) >= limit]
         horizon = min(full) if full else float("inf")
