@@ -19,7 +19,12 @@ plugin loaded), then:
 
 Prints p50 / p99 / max of the short requests' latency in the three phases, the ratios (the
 target: p99 with training on <= 2x idle; on vs off says what training adds to the same
-traffic), the training steps done, the sessions and the wall time. The demo scores
+traffic), the training steps done, the sessions and the wall time; then each demo phase on a
+timeline (training on: cut at each step's start and end, where the step's adapter is
+published; training off: 120 s windows), each window with its short requests, the demo turns
+that started in it and the server's counters from its ``/metrics`` (requests running and
+waiting, preemptions, prefix-cache hit rate, tokens, adapters running). ``--server-arg`` adds
+arguments to the server (e.g. ``--server-arg=--max-num-batched-tokens=256``). The demo scores
 the OPD teacher where ``trainer.teacher_scoring`` says (``--teacher-scoring``; default ``auto``:
 the trainer, on vLLM).
 
@@ -54,12 +59,98 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
 
 
-def _probe(url: str, stop: threading.Event, out: list[float], n: int | None = None) -> None:
+class _ServerStats:
+    """Polls the vLLM server's Prometheus ``/metrics`` every ``every_s`` seconds in a thread
+    (started on construction, :meth:`stop` to end) and keeps (Unix time, {series: value}) of the
+    scheduler's queue, preemptions, prefix-cache and token counters and the LoRA adapters its
+    running / waiting requests use."""
+
+    KEEP = ("vllm:num_requests_running", "vllm:num_requests_waiting",
+            "vllm:num_preemptions_total", "vllm:prefix_cache_queries_total",
+            "vllm:prefix_cache_hits_total", "vllm:prompt_tokens_total",
+            "vllm:generation_tokens_total")  # fmt: skip
+
+    def __init__(self, url: str, every_s: float = 1.0) -> None:
+        self.url, self.every_s = url, every_s
+        self.samples: list[tuple[float, dict[str, float]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import re
+
+        import httpx
+
+        lora = re.compile(r'running_lora_adapters="([^"]*)"')
+        waiting = re.compile(r'waiting_lora_adapters="([^"]*)"')
+        with httpx.Client(timeout=10.0) as client:
+            while not self._stop.wait(self.every_s):
+                try:
+                    text = client.get(f"{self.url}/metrics").text
+                except httpx.HTTPError:
+                    continue
+                row: dict[str, float] = {}
+                newest = -1.0
+                for line in text.splitlines():
+                    if line.startswith("#") or " " not in line:
+                        continue
+                    name, _, value = line.rpartition(" ")
+                    base = name.split("{", 1)[0]
+                    if base in self.KEEP:
+                        row[base] = row.get(base, 0.0) + float(value)
+                    elif base == "vllm:lora_requests_info" and float(value) >= newest:
+                        newest = float(value)  # the gauge's value is when it was set
+                        run, wait = lora.search(name), waiting.search(name)
+                        row["loras_running"] = len([x for x in (run.group(1) if run else
+                                                                "").split(",") if x])  # fmt: skip
+                        row["loras_waiting"] = len([x for x in (wait.group(1) if wait else
+                                                                "").split(",") if x])  # fmt: skip
+                self.samples.append((time.time(), row))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def summary(self, a: float, b: float) -> str:
+        """The server between Unix times ``a`` and ``b``: mean running and waiting requests,
+        most waiting, preemptions, prefix-cache hit rate, prompt and generated tokens, most
+        distinct adapters running. Text."""
+        xs = [row for t, row in self.samples if a <= t < b]
+        if len(xs) < 2:
+            return ""
+
+        def delta(k: str) -> float:
+            return xs[-1].get(k, 0.0) - xs[0].get(k, 0.0)
+
+        def mean(k: str) -> float:
+            return statistics.mean(r.get(k, 0.0) for r in xs)
+
+        q = delta("vllm:prefix_cache_queries_total")
+        hit = f"{delta('vllm:prefix_cache_hits_total') / q:.2f}" if q else "-"
+        return (f"run {mean('vllm:num_requests_running'):.1f} wait "
+                f"{mean('vllm:num_requests_waiting'):.1f}/"
+                f"{max(r.get('vllm:num_requests_waiting', 0.0) for r in xs):.0f} preempt "
+                f"{delta('vllm:num_preemptions_total'):.0f} hit {hit} prompt "
+                f"{delta('vllm:prompt_tokens_total'):.0f} gen "
+                f"{delta('vllm:generation_tokens_total'):.0f} loras "
+                f"{max(r.get('loras_running', 0.0) for r in xs):.0f}")  # fmt: skip
+
+
+def _probe(
+    url: str,
+    stop: threading.Event,
+    out: list[float],
+    n: int | None = None,
+    starts: list[float] | None = None,
+) -> None:
+    """Short requests one after another until ``stop`` (or ``n`` done); each latency (s) goes to
+    ``out`` and, when given, its start (Unix time, s) to ``starts``."""
     import openai
 
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=600)
     while not stop.is_set() and (n is None or len(out) < n):
-        t = time.perf_counter()
+        t, wall = time.perf_counter(), time.time()
         try:
             client.chat.completions.create(model="policy", messages=SHORT, max_tokens=8,
                                            temperature=0.0)  # fmt: skip
@@ -67,6 +158,8 @@ def _probe(url: str, stop: threading.Event, out: list[float], n: int | None = No
             print(f"probe failed: {e}", flush=True)
             continue
         out.append(time.perf_counter() - t)
+        if starts is not None:
+            starts.append(wall)
 
 
 def main() -> None:
@@ -84,6 +177,14 @@ def main() -> None:
         "--decompose", action="store_true", help="take the load apart instead (see above)"
     )
     ap.add_argument("--phase-s", type=float, default=60.0, help="seconds per phase (--decompose)")
+    ap.add_argument(
+        "--server-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="one more argument for the vLLM server, repeatable "
+        "(e.g. --server-arg=--max-num-batched-tokens=256)",
+    )
     args = ap.parse_args()
     quiet_transformers()
     if args.decompose:
@@ -104,10 +205,13 @@ def main() -> None:
     policy = load_policy("smollm2-135m")
     with tempfile.TemporaryDirectory(prefix="clawrl-bench-") as tmp:
         server = VLLMServer(policy.path, run_dir=f"{tmp}/vllm",
-                            extra_args=["--dtype", "float32", "--max-model-len", "4096"])  # fmt: skip
+                            extra_args=["--dtype", "float32", "--max-model-len", "4096",
+                                        *args.server_arg])  # fmt: skip
         t0 = time.perf_counter()
         url = server.start()
-        print(f"vLLM server up in {time.perf_counter() - t0:.0f} s ({url})", flush=True)
+        # what follows clawrl's fixed flags: its defaults (the CPU build's too) and --server-arg
+        flags = " ".join(server.args[server.args.index("--max-loras") + 2 :])
+        print(f"vLLM server up in {time.perf_counter() - t0:.0f} s ({url}; {flags})", flush=True)
         try:
             # idle: a gateway over the server, nothing training
             engine = VLLMEngine([url], policy.tokenizer)
@@ -137,8 +241,14 @@ def main() -> None:
                 batch_size=args.batch_size, eval_problems=4, out_dir=f"{tmp}/demo",
                 schedule="async",
             )  # fmt: skip
-            during, sessions, steps, wall = _demo_phase(settings, cfg, args.steps)
+            starts: list[float] = []
+            on_stats = _ServerStats(url)
+            during, sessions, steps, wall = _demo_phase(settings, cfg, args.steps, starts)
+            on_stats.stop()
             step_s = _step_seconds(f"{tmp}/demo")
+            by_step = _by_step(during, starts, f"{tmp}/demo", on_stats)
+            print(by_step, flush=True)
+            print(f"training on: {_turn_sizes(f'{tmp}/demo')}", flush=True)
             print(f"training: {len(during)} short requests, {steps} steps, {sessions} sessions "
                   f"in {wall:.0f} s, p50 {statistics.median(during):.2f} s, p99 "
                   f"{_pct(during, 0.99):.2f} s, step {step_s}", flush=True)  # fmt: skip
@@ -148,10 +258,16 @@ def main() -> None:
             off_settings = dataclasses.replace(
                 settings, batch_size=1024, timeout_s=wall, out_dir=f"{tmp}/demo-off"
             )
-            off, off_sessions, _, off_wall = _demo_phase(off_settings, cfg, None)
+            off_starts: list[float] = []
+            off_stats = _ServerStats(url)
+            off, off_sessions, _, off_wall = _demo_phase(off_settings, cfg, None, off_starts)
+            off_stats.stop()
+            print(_by_step(off, off_starts, f"{tmp}/demo-off", off_stats).replace(
+                "training on", "training off"))  # fmt: skip
             print(f"training off: {len(off)} short requests, {off_sessions} sessions in "
                   f"{off_wall:.0f} s, p50 {statistics.median(off):.2f} s, p99 "
-                  f"{_pct(off, 0.99):.2f} s", flush=True)  # fmt: skip
+                  f"{_pct(off, 0.99):.2f} s; {_turn_sizes(f'{tmp}/demo-off')}",
+                  flush=True)  # fmt: skip
         finally:
             server.stop()
     if not during or not off:
@@ -159,7 +275,8 @@ def main() -> None:
     print(f"\nshort requests (8 tokens, greedy) through clawrl's gateway on one vLLM CPU server; "
           f"Combined, batch {args.batch_size}, {steps} steps in {wall / 60:.1f} min "
           f"({sessions} sessions), training off: {off_sessions} sessions in "
-          f"{off_wall / 60:.1f} min; teacher scoring: {args.teacher_scoring}; training step "
+          f"{off_wall / 60:.1f} min; teacher scoring: {args.teacher_scoring}; server flags "
+          f"{flags}; training step "
           f"(time/step_total) {step_s}")  # fmt: skip
     print(f"{'phase':<30} {'n':>4} {'p50 s':>7} {'p99 s':>7} {'max s':>7}")
     for name, xs in (("idle", idle), ("demo traffic, training off", off),
@@ -170,6 +287,90 @@ def main() -> None:
         f"p99 training on / idle: {_pct(during, 0.99) / _pct(idle, 0.99):.1f}x (target <= 2x); "
         f"training on / off, same traffic: {_pct(during, 0.99) / _pct(off, 0.99):.1f}x"
     )
+    print("\n" + by_step)
+
+
+def _by_step(
+    lat: list[float], starts: list[float], out_dir: str, stats: _ServerStats | None = None
+) -> str:
+    """The training-on phase's short requests on a timeline cut at each training step's start
+    and end (``time - time/step_total`` and ``time`` of a metrics.jsonl row; a step's adapter
+    is published at its end): n, p50, p99 and max of the requests that started in each window,
+    then the same pooled over the windows in a step and those between steps, and the five
+    slowest requests with when they started (s from the first request). Without steps (training
+    off) the windows are 120 s each. With ``stats``, each window also gets the server's
+    (:meth:`_ServerStats.summary`). Text."""
+    import json
+    from pathlib import Path
+
+    n = min(len(lat), len(starts))  # a request may still be finishing in the probe's thread
+    lat, starts = lat[:n], starts[:n]
+    if not starts:
+        return "training on: no short request finished"
+    steps = sorted((row["time"] - row["time/step_total"], row["time"])
+                   for path in Path(out_dir).rglob("metrics.jsonl")
+                   for row in map(json.loads, path.read_text().splitlines())
+                   if "time/step_total" in row)  # fmt: skip
+    t0 = min(starts)
+    cuts = [(t0, "start")]
+    for k, (a, b) in enumerate(steps, 1):
+        cuts += [(a, f"step {k}"), (b, f"after step {k}")]
+    if not steps:
+        cuts += [(t, "") for t in range(int(t0) + 120, int(max(starts)), 120)]
+    windows: list[tuple[str, float, float, list[float]]] = []
+    for i, (t, name) in enumerate(cuts):
+        end = cuts[i + 1][0] if i + 1 < len(cuts) else float("inf")
+        xs = [x for x, s in zip(lat, starts, strict=True) if t <= s < end]
+        windows.append((name, t - t0, end - t0, xs))
+    demo = _demo_turns(out_dir)
+    lines = [f"training on, by when the request started (s from the first; {len(steps)} steps; "
+             "demo turns started in the window: count, mean prompt / completion tokens, "
+             "versions):",
+             f"{'window':<26} {'n':>4} {'p50 s':>7} {'p99 s':>7} {'max s':>7}   demo turns"]  # fmt: skip
+
+    def row(name: str, xs: list[float]) -> str:
+        if not xs:
+            return f"{name:<26} {0:>4}"
+        return (f"{name:<26} {len(xs):>4} {statistics.median(xs):>7.2f} {_pct(xs, 0.99):>7.2f} "
+                f"{max(xs):>7.2f}")  # fmt: skip
+
+    for name, a, b, xs in windows:
+        span = f"{a:.0f}-{b:.0f} s" if b != float("inf") else f"{a:.0f} s-"
+        turns = [t for t in demo if t0 + a <= t[0] < t0 + b]
+        info = (f"   {len(turns)}, {statistics.mean(t[1] for t in turns):.0f} / "
+                f"{statistics.mean(t[2] for t in turns):.0f}, "
+                f"v{sorted({t[3] for t in turns})}" if turns else "   0")  # fmt: skip
+        server = stats.summary(t0 + a, t0 + b) if stats is not None else ""
+        lines.append(row(f"{name} ({span})", xs).ljust(62) + info.ljust(30) + server)
+    inside = [x for name, _, _, xs in windows if name.startswith("step") for x in xs]
+    between = [x for name, _, _, xs in windows if not name.startswith("step") for x in xs]
+    lines += [row("all in a step", inside), row("all between steps", between)]
+    slowest = sorted(zip(lat, starts, strict=True), reverse=True)[:5]
+    lines.append("slowest: " + "; ".join(f"{x:.1f} s at {s - t0:.0f} s" for x, s in slowest))
+    return "\n".join(lines)
+
+
+def _demo_turns(out_dir: str) -> list[tuple[float, int, int, int]]:
+    """(created_at, prompt tokens, completion tokens, policy version) of every simulated user's
+    turn the demo under ``out_dir`` recorded (its sessions are named ``sim-...``)."""
+    import sqlite3
+    from pathlib import Path
+
+    out: list[tuple[float, int, int, int]] = []
+    for db in Path(out_dir).rglob("store.db"):
+        with sqlite3.connect(db) as con:
+            out += con.execute("SELECT created_at, prompt_len, completion_len, policy_version "
+                               "FROM turns WHERE session_id LIKE 'sim-%'").fetchall()  # fmt: skip
+    return out
+
+
+def _turn_sizes(out_dir: str) -> str:
+    """The demo's turns under ``out_dir``: count and mean prompt / completion tokens (text)."""
+    turns = _demo_turns(out_dir)
+    if not turns:
+        return "no demo turns"
+    return (f"{len(turns)} demo turns, mean {statistics.mean(t[1] for t in turns):.0f} prompt / "
+            f"{statistics.mean(t[2] for t in turns):.0f} completion tokens")  # fmt: skip
 
 
 def _step_seconds(out_dir: str) -> str:
@@ -184,10 +385,13 @@ def _step_seconds(out_dir: str) -> str:
     return f"mean {statistics.mean(xs):.1f} s, max {max(xs):.1f} s" if xs else "n/a"
 
 
-def _demo_phase(settings, cfg, steps: int | None) -> tuple[list[float], int, int, float]:
+def _demo_phase(
+    settings, cfg, steps: int | None, starts: list[float] | None = None
+) -> tuple[list[float], int, int, float]:
     """Run the demo with ``settings`` while a client probes its gateway with short requests,
     from the gateway's start until ``steps`` training steps are done (``None``: until the run's
-    time budget ends). Returns (latencies in s, sessions finished, steps done, seconds probed)."""
+    time budget ends). Returns (latencies in s, sessions finished, steps done, seconds probed);
+    each request's start (Unix time) goes to ``starts`` when given."""
     from clawrl.demo import run_demo
 
     stop = threading.Event()
@@ -200,7 +404,8 @@ def _demo_phase(settings, cfg, steps: int | None) -> tuple[list[float], int, int
         if event == "server" and not started:
             started.append(time.perf_counter())
             base = info["url"].removesuffix("/dashboard")
-            threading.Thread(target=_probe, args=(base, stop, out), daemon=True).start()
+            threading.Thread(target=_probe, args=(base, stop, out, None, starts),
+                             daemon=True).start()  # fmt: skip
             if steps is None:  # probe while sessions run, not while the run shuts down
                 threading.Timer(settings.timeout_s, stop.set).start()
         elif event == "sessions" and not stop.is_set():

@@ -143,6 +143,34 @@ def test_teacher_scoring_at_a_temperature_is_one_exact_request(vllm_server, embe
         local.close()
 
 
+def test_seeded_requests_whose_prompts_are_prefilled_in_pieces(vllm_server, embedded_policy):
+    """16 seeded requests at once whose prompts (about 190 tokens each) do not fit one engine
+    step of a launched CPU server (``--max-num-batched-tokens 256``), so vLLM prefills them over
+    several steps and discards the tokens it sampled for the unfinished ones: without clawrl's
+    plugin that killed vLLM 0.32's CPU engine core ("CPU Generator does not use offset"). The
+    server keeps serving, and each request gets the tokens it gets when sent alone."""
+    args = vllm_server.args
+    assert args[args.index("--max-num-batched-tokens") + 1] == "256"
+    tok = embedded_policy.tokenizer
+    engine = VLLMEngine([vllm_server.url], tok)
+    story = "Once upon a time, in a land far away, there lived a fox who loved to read. " * 10
+    prompts = [_prompt(tok, f"{story} Finish story {i} in one line.") for i in range(16)]
+    assert all(150 < len(p) < 256 for p in prompts), [len(p) for p in prompts]
+    params = SamplingParams(max_tokens=12, temperature=0.7, seed=1234, ignore_eos=True)
+
+    async def together():
+        return await asyncio.gather(*[engine.generate(p, params) for p in prompts])
+
+    try:
+        at_once = [c.token_ids for c in asyncio.run(together())]
+        alone = [asyncio.run(engine.generate(p, params)).token_ids for p in prompts]
+    finally:
+        engine.close()
+    assert httpx.get(f"{vllm_server.url}/health").status_code == 200
+    assert "CPU Generator does not use offset" not in vllm_server.log_tail()
+    assert at_once == alone
+
+
 def _trained_adapter(policy, path, seed: int):
     """A LoRA adapter with non-zero B (a trained one), saved to ``path``; the PEFT model."""
     return trained_adapter(policy.model, path, seed)

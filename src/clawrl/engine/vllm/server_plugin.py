@@ -19,9 +19,16 @@ prompt log-probs in one request: the same formula as vLLM's sampler (``Sampler.a
 divides float32 logits by T before ``compute_logprobs``) and clawrl's transformers engine.
 Requests without the key keep vLLM's values.
 
-It also fixes a crash of vLLM 0.32's CPU build: with LoRA enabled, a step holding a request with
-prompt log-probs and any other request killed the engine core (:func:`_one_sampler_index`); the
-plugin runs each prompt slice's logits with its own request's adapter index.
+It also fixes two crashes of vLLM 0.32's CPU build. With LoRA enabled, a step holding a request
+with prompt log-probs and any other request killed the engine core (:func:`_one_sampler_index`);
+the plugin runs each prompt slice's logits with its own request's adapter index. And a request
+with a ``seed`` whose prompt is prefilled over several engine steps (chunked prefill: a prompt
+longer than ``--max-num-batched-tokens``, or several prompts that together are) killed it too:
+vLLM rewinds the seeded generator of a request whose sampled token it discards with
+``Generator.set_offset``, which only CUDA generators have ("CPU Generator does not use
+offset"); the plugin saves those CPU generators' states before sampling and puts them back
+instead (:func:`_keep_seeded_states`), so a seeded request samples the same tokens however its
+prompt was cut.
 
 How: the model runner's method is wrapped; while it runs, ``model.compute_logits`` is wrapped
 too, and divides the logits of a request's prompt slice by its T. The slice is recognised by
@@ -51,7 +58,7 @@ NAME = "clawrl_prompt_temperature"
 MODULE = "clawrl_vllm_plugin"
 """The module name this file is written under in :func:`plugin_dir`."""
 
-VERSION = "1"
+VERSION = "2"
 """Bumped when the plugin's behaviour changes."""
 
 MARKERS = (
@@ -60,6 +67,10 @@ MARKERS = (
     "offset = self.query_start_loc.np[req_idx].item()",
 )
 """Lines of vLLM's ``_get_prompt_logprobs_dict`` the patch relies on (vLLM 0.32)."""
+
+SEEDED_MARKER = "gen.set_offset(gen.get_offset() - 4)"
+"""The line of vLLM's ``_bookkeeping_sync`` that rewinds a discarded request's generator
+(vLLM 0.32); :func:`_keep_seeded_states` is applied only where it is found."""
 
 log = logging.getLogger("clawrl.vllm_plugin")
 
@@ -185,6 +196,62 @@ def _wrap(original: Any) -> Any:
     return _get_prompt_logprobs_dict
 
 
+def _keep_seeded_states(sample_tokens: Any, bookkeeping: Any) -> tuple[Any, Any]:
+    """Wrappers of the model runner's ``sample_tokens`` and ``_bookkeeping_sync``: the first
+    saves the state of every CPU generator of a request whose sampled token this step discards
+    (a prompt not yet wholly prefilled: ``discard_request_mask``, set before sampling), the
+    second hides those generators from vLLM's rewind (which would call ``set_offset``, CUDA
+    only) and restores their saved states instead: the same effect, on a CPU. CUDA generators
+    are left to vLLM."""
+
+    def sample_tokens_(self: Any, grammar_output: Any) -> Any:
+        saved: dict[int, Any] = {}
+        if getattr(self, "execute_model_state", None) is not None:
+            n = self.input_batch.num_reqs
+            for i in self.discard_request_mask.np[:n].nonzero()[0]:
+                gen = self.input_batch.generators.get(int(i))
+                if gen is not None and gen.device.type == "cpu":
+                    saved[int(i)] = gen.get_state()
+        self._clawrl_seeded = saved
+        try:
+            return sample_tokens(self, grammar_output)
+        finally:
+            self._clawrl_seeded = {}
+
+    def bookkeeping_(self: Any, *args: Any, **kwargs: Any) -> Any:
+        saved: dict[int, Any] = getattr(self, "_clawrl_seeded", None) or {}
+        gens = self.input_batch.generators
+        held = {i: gens.pop(i) for i in saved if i in gens}
+        try:
+            return bookkeeping(self, *args, **kwargs)
+        finally:
+            for i, gen in held.items():
+                gen.set_state(saved[i])
+                gens[i] = gen
+
+    sample_tokens_.clawrl_plugin = True  # type: ignore[attr-defined]
+    bookkeeping_.clawrl_plugin = True  # type: ignore[attr-defined]
+    return sample_tokens_, bookkeeping_
+
+
+def _patch_seeded(runner: Any) -> None:
+    """Apply :func:`_keep_seeded_states` to ``runner`` (the model runner class) when its
+    ``_bookkeeping_sync`` holds :data:`SEEDED_MARKER`; else log why not. Idempotent."""
+    sample = runner.__dict__.get("sample_tokens")
+    book = runner.__dict__.get("_bookkeeping_sync")
+    if sample is None or book is None or getattr(book, "clawrl_plugin", None):
+        return
+    try:
+        source = inspect.getsource(book)
+    except (OSError, TypeError):
+        source = ""
+    if SEEDED_MARKER not in source:
+        log.warning("%s: vLLM's _bookkeeping_sync differs from the one this plugin knows: "
+                    "seeded requests keep vLLM's own generator rewind", NAME)  # fmt: skip
+        return
+    runner.sample_tokens, runner._bookkeeping_sync = _keep_seeded_states(sample, book)
+
+
 def _validate_requests() -> None:
     """Check the key where vLLM builds a request's ``SamplingParams`` (the API server): a bad
     value is the client's 400 there, never an exception in the engine core (which would stop
@@ -221,6 +288,7 @@ def register() -> None:
     except Exception as e:  # the API server process of a build without the V1 runner
         log.warning("%s: vLLM's V1 model runner is not importable (%s): not active", NAME, e)
         return
+    _patch_seeded(GPUModelRunner)
     method = GPUModelRunner.__dict__.get("_get_prompt_logprobs_dict")
     if method is None:
         log.warning("%s: this vLLM has no _get_prompt_logprobs_dict: not active", NAME)
