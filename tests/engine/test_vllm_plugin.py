@@ -207,3 +207,44 @@ def test_each_prompt_slice_gets_its_own_requests_adapter_under_lora():
     assert torch.allclose(got["a"], torch.log_softmax(hidden[0:2] @ w + bias[2], -1))
     assert torch.allclose(got["b"], torch.log_softmax((hidden[3:6] @ w + bias[1]) / 0.5, -1))
     assert punica.sampler_indices.tolist() == [2, 1]  # restored for the step's sampling
+
+
+def test_seeded_cpu_generators_of_discarded_tokens_are_put_back():
+    """vLLM 0.32 rewinds the seeded generator of a request whose sampled token it discards (a
+    prompt not yet wholly prefilled) with ``set_offset``, which a CPU generator does not have;
+    the plugin restores the state it had before sampling instead, and leaves the others (and
+    vLLM's own rewind of any generator it did not take) alone."""
+
+    class Runner:
+        def sample_tokens(self, grammar_output):
+            self.drawn = {i: torch.rand(3, generator=g).tolist()
+                          for i, g in self.input_batch.generators.items()}  # fmt: skip
+            return self._bookkeeping_sync("out")
+
+        def _bookkeeping_sync(self, x):  # vLLM's rewind, as it reads in 0.32
+            for i in np.nonzero(self.discard_request_mask.np[: self.input_batch.num_reqs])[0]:
+                gen = self.input_batch.generators.get(int(i))
+                if gen is not None:
+                    gen.set_offset(gen.get_offset() - 4)
+            return x
+
+    plain = Runner()
+    gens = {0: torch.Generator().manual_seed(7), 1: torch.Generator().manual_seed(8)}
+    plain.input_batch = SimpleNamespace(num_reqs=3, generators=gens)
+    plain.discard_request_mask = SimpleNamespace(np=np.array([True, False, True]))
+    plain.execute_model_state = object()
+    with pytest.raises(RuntimeError, match="offset"):  # what killed the CPU engine core
+        plain.sample_tokens(None)
+
+    server_plugin._patch_seeded(Runner)
+    runner = Runner()
+    gens = {0: torch.Generator().manual_seed(7), 1: torch.Generator().manual_seed(8)}
+    runner.input_batch = SimpleNamespace(num_reqs=3, generators=gens)
+    runner.discard_request_mask = SimpleNamespace(np=np.array([True, False, True]))
+    runner.execute_model_state = object()
+    assert runner.sample_tokens(None) == "out"
+    first = runner.drawn
+    assert set(runner.input_batch.generators) == {0, 1}
+    again = runner.sample_tokens(None)  # the discarded request draws the same again; 1 moved on
+    assert again == "out" and runner.drawn[0] == first[0] and runner.drawn[1] != first[1]
+    assert runner._clawrl_seeded == {}

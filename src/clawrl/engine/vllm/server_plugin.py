@@ -202,8 +202,11 @@ def _keep_seeded_states(sample_tokens: Any, bookkeeping: Any) -> tuple[Any, Any]
     (a prompt not yet wholly prefilled: ``discard_request_mask``, set before sampling), the
     second hides those generators from vLLM's rewind (which would call ``set_offset``, CUDA
     only) and restores their saved states instead: the same effect, on a CPU. CUDA generators
-    are left to vLLM."""
+    are left to vLLM. (vLLM's V2 CPU model runner, ``VLLM_USE_V2_MODEL_RUNNER``, seeds by
+    hashing, without stateful generators, and is not patched.)"""
+    import functools
 
+    @functools.wraps(sample_tokens)
     def sample_tokens_(self: Any, grammar_output: Any) -> Any:
         saved: dict[int, Any] = {}
         if getattr(self, "execute_model_state", None) is not None:
@@ -218,6 +221,7 @@ def _keep_seeded_states(sample_tokens: Any, bookkeeping: Any) -> tuple[Any, Any]
         finally:
             self._clawrl_seeded = {}
 
+    @functools.wraps(bookkeeping)
     def bookkeeping_(self: Any, *args: Any, **kwargs: Any) -> Any:
         saved: dict[int, Any] = getattr(self, "_clawrl_seeded", None) or {}
         gens = self.input_batch.generators
@@ -239,7 +243,11 @@ def _patch_seeded(runner: Any) -> None:
     ``_bookkeeping_sync`` holds :data:`SEEDED_MARKER`; else log why not. Idempotent."""
     sample = runner.__dict__.get("sample_tokens")
     book = runner.__dict__.get("_bookkeeping_sync")
-    if sample is None or book is None or getattr(book, "clawrl_plugin", None):
+    if getattr(book, "clawrl_plugin", None):
+        return
+    if sample is None or book is None:
+        log.warning("%s: vLLM's model runner has no sample_tokens / _bookkeeping_sync: seeded "
+                    "requests keep vLLM's own generator rewind", NAME)  # fmt: skip
         return
     try:
         source = inspect.getsource(book)
@@ -250,6 +258,8 @@ def _patch_seeded(runner: Any) -> None:
                     "seeded requests keep vLLM's own generator rewind", NAME)  # fmt: skip
         return
     runner.sample_tokens, runner._bookkeeping_sync = _keep_seeded_states(sample, book)
+    log.info("%s %s: active (seeded requests keep their CPU generators' states when a token "
+             "is discarded)", NAME, VERSION)  # fmt: skip
 
 
 def _validate_requests() -> None:
