@@ -18,11 +18,12 @@ plugin loaded), then:
   scored or published.
 
 Prints p50 / p99 / max of the short requests' latency in the three phases, the ratios (the
-target: p99 with training on <= 2x idle; on vs off says what training adds to the same
-traffic), the training steps done, the sessions and the wall time; then each demo phase on a
-timeline (training on: cut at each step's start and end, where the step's adapter is
-published; training off: 120 s windows), each window with its short requests, the demo turns
-that started in it and the server's counters from its ``/metrics`` (requests running and
+target: p99 with training on <= 2x training idle, i.e. on vs off under the same traffic: what
+training adds; on vs nothing else running says what the traffic itself costs too), the
+training steps done, the sessions and the wall time; then each demo phase on a timeline
+(training on: cut at each step's start and end, where the step's adapter is published;
+training off: 120 s windows), each window with its short requests, the demo turns that
+started in it and the server's counters from its ``/metrics`` (requests running and
 waiting, preemptions, prefix-cache hit rate, tokens, adapters running). ``--server-arg`` adds
 arguments to the server (e.g. ``--server-arg=--max-num-batched-tokens=256``). The demo scores
 the OPD teacher where ``trainer.teacher_scoring`` says (``--teacher-scoring``; default ``auto``:
@@ -284,8 +285,9 @@ def main() -> None:
         print(f"{name:<30} {len(xs):>4} {statistics.median(xs):>7.2f} {_pct(xs, 0.99):>7.2f} "
               f"{max(xs):>7.2f}")  # fmt: skip
     print(
-        f"p99 training on / idle: {_pct(during, 0.99) / _pct(idle, 0.99):.1f}x (target <= 2x); "
-        f"training on / off, same traffic: {_pct(during, 0.99) / _pct(off, 0.99):.1f}x"
+        f"p99 training on / training idle (same traffic): "
+        f"{_pct(during, 0.99) / _pct(off, 0.99):.1f}x (target <= 2x: what training adds); "
+        f"training on / nothing else running: {_pct(during, 0.99) / _pct(idle, 0.99):.1f}x"
     )
     print("\n" + by_step)
 
