@@ -284,7 +284,9 @@ class VLLMEngine:
             log.warning(
                 "vLLM replica %s lacks clawrl's plugin (or it gave other values than vLLM's "
                 "sampler): teacher scoring at a temperature other than 1 takes one request per "
-                "target token there (exact, slower). To add it: python -m "
+                "target token there (exact, slower), and on vLLM's CPU build a request with a "
+                "seed whose prompt is prefilled over several engine steps kills its engine core "
+                "('CPU Generator does not use offset'). To add it: python -m "
                 "clawrl.engine.vllm.server_plugin DIR, then start the server with PYTHONPATH=DIR",
                 replica.url,
             )
