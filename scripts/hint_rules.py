@@ -1,17 +1,17 @@
 """Which rule turns the head judge's votes into hints: hint precision / recall per labeled set.
 
-The head judge (the shipped default) writes a vote's hint only when its hint gate fires
-(probability >= 0.5) and :func:`clawrl.judge.hints.extract_directive` finds a directive in the
-user's reply; a judgment keeps a hint a quorum of votes carries. On blind-b that gives
-precision 0.96 and recall 0.39 (README, "The judge"), and a preference the judge never turns
-into a hint never reaches the preference memory. This script judges each case once (5 votes,
-recording each vote's score and gate) and scores candidate rules offline on the same votes:
+A vote's hint is the directive sentences :func:`clawrl.judge.hints.extract_directive` finds in
+the user's reply, and a judgment keeps a hint a quorum of votes carries. Which votes look is the
+rule (``judge.backend.hints``): until 2026-12-07 only votes whose trained hint gate fired
+(``gate>=0.5``), which on blind-b gave precision 0.96 and recall 0.39 (README, "The judge"): a
+preference the judge never turns into a hint never reaches the preference memory. This script
+judges each case once (5 votes, recording each vote's score and gate) and scores candidate rules
+offline on the same votes, with the extractor as it is now:
 
-- ``gate>=T``: today's rule at gate threshold T (T = 0.5 is the shipped one);
-- ``gate or -1``: a vote that scores -1 also looks for a directive (a correction), besides the
-  gate;
-- ``directive``: every scoring vote looks for a directive, the judge's -1 marking a correction
-  (the rule of the choice judge, which writes no hints of its own).
+- ``gate>=T``: only votes whose gate is at least T look, reading every reply as a correction;
+- ``gate or -1``: a vote that scores -1 also looks, besides the gate;
+- ``directive``: every vote that scores looks, the reply read as a correction where the vote
+  scores -1 (the default since 2026-12-07, chosen on ``shipped`` + ``blind``).
 
 Choose on the training sets (``shipped``, ``blind``: both were used to fit or compare heads),
 then score the chosen rule once on ``blind-b`` (``--sets blind-b``)::

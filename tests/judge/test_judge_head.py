@@ -96,6 +96,32 @@ def test_votes_are_independent_probes(tiny_head):
     assert all(v.score is not None for v in votes)
 
 
+@pytest.mark.parametrize(
+    "text", ["great, but give distances in km please", "no, that's wrong. use km please"]
+)
+def test_each_vote_reads_the_reply_as_its_own_score_says(tiny_head, text):
+    """hints="directive": every scoring vote looks for a directive, request forms only where the
+    vote scores -1 (or the sentence turns from praise to a request); hints="gate": only votes
+    whose gate fires look, reading every reply as a correction."""
+    from clawrl.judge.hints import extract_directive
+
+    policy, _, _, path = tiny_head
+    inp = _inp(NextStateRole.USER, text)
+    for rule in ("directive", "gate"):
+        backend = HeadBackend(
+            policy.model, policy.tokenizer, head=path, min_confidence=0.0, hints=rule
+        )
+        votes = asyncio.run(backend.votes(inp, range(6)))
+        for v in votes:
+            gate = json.loads(v.raw)["hint_gate"]
+            look = rule == "directive" or gate >= 0.5
+            negative = rule == "gate" or v.score == Score.BAD
+            found = extract_directive(text, NextStateRole.USER, negative=negative) if look else None
+            assert v.hint == (found.text if found else None), (rule, v.score, gate)
+    with pytest.raises(JudgeError, match="'directive' or 'gate'"):
+        HeadBackend(policy.model, policy.tokenizer, head=path, hints="always")
+
+
 def test_the_judge_model_runs_in_a_thread_that_ends(tiny_head, monkeypatch):
     """A live thread that ran the judge model would keep an OpenMP team slowing the policy
     engine's thread (clawrl.engine.threads): each forward pass gets a thread of its own."""

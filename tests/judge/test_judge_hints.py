@@ -188,6 +188,42 @@ def test_extract_directive_review_cases(text, negative, expected):
         assert h is not None and h.text.startswith(expected)
 
 
+@pytest.mark.parametrize(
+    ("text", "negative", "expected"),
+    [
+        # "never" as a narration, not an instruction
+        ("oh wow, super helpful, never would've thought of that", True, None),
+        ("My professor spent two lectures and never got it across.", True, None),
+        ("Never use semicolons in these.", False, "Never use semicolons"),
+        # a courtesy clause names nothing; any other attempt is a redo
+        ("Let's try that one again, please.", True, None),
+        ("another joke pls", True, None),
+        ("can u give me a different option", True, None),
+        # a contrast "X, not Y" and a redo that names more, in a correction
+        ("those times are Pacific, not Eastern. redo it in PT", True, "Those times are Pacific"),
+        ("Not helpful. And not accurate.", True, None),
+        ("we can't add pandas here, do it with the csv module", True, "We can't add pandas"),
+        ("wrong base, retarget it to release/2.4", True, "Base, retarget it"),  # lead-in dropped
+        # praise turning to a request is read as one, a new topic is not
+        ("good answer, but give distances in km pls", False, "Good answer, but give"),
+        ("Excellent. For the next problems, please show each step.", False, "For the next"),
+        ("totally unrelated but can u recommend a sci-fi movie", False, None),
+        # an addition and a statement about the writer name no change
+        ("perfect, can you also add a couple of unit tests?", True, None),
+        ("Honestly disappointing. I could have written that without a database.", True, None),
+        ("Actually I'd like more detail on step 3.", True, "I'd like more detail"),
+    ],
+)
+def test_extract_directive_training_set_misses(text, negative, expected):
+    """The misses and false hints of the shipped and first blind sets (and the directive set)
+    that made the rules of 2026-12-07 (README, "The judge")."""
+    h = extract_directive(text, NextStateRole.USER, negative=negative)
+    if expected is None:
+        assert h is None
+    else:
+        assert h is not None and h.text.startswith(expected)
+
+
 @pytest.mark.timeout(60)
 def test_extract_directive_is_linear_on_long_whitespace():
     # was quadratic: 40k spaces took 53 s; 200k would take ~20 min, linear takes well under 1 s

@@ -55,6 +55,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="where votes come from (head)",
     )
     e.add_argument("--head", metavar="FILE", help="head backend: a `clawrl judge train` file")
+    e.add_argument(
+        "--hints",
+        choices=["directive", "gate"],
+        help="head backend: which votes look for a hint: directive (every vote that scores, "
+        "the default) or gate (votes whose hint gate fires, the earlier rule)",
+    )
     e.add_argument("--votes", type=int, default=5, metavar="M", help="votes per judgment (5)")
     e.add_argument(
         "--model",
@@ -165,7 +171,8 @@ def _backend_config_unchecked(args: argparse.Namespace) -> Any:
         return GenerativeJudgeConfig(**sampling)
     if args.backend == "choice":
         return ChoiceJudgeConfig(calibrate=not args.no_calibrate)
-    return HeadJudgeConfig(path=args.head)
+    given = {"path": args.head, "hints": args.hints}
+    return HeadJudgeConfig(**{k: v for k, v in given.items() if v is not None})
 
 
 def _cases_path(name: str | None) -> Any:
@@ -217,6 +224,11 @@ def run_eval(args: argparse.Namespace) -> int:
         cases = cases[: args.limit]
     err = Console(stderr=True)
     cfg = config_from_args(args) if args.backend != "openai" else Config()
+    if args.backend == "head" and cfg.judge.backend.kind == "head":
+        # settings given with --set / --config (min_confidence, hints) apply, the flags win
+        given = {k: getattr(cfg.judge.backend, k) for k in cfg.judge.backend.model_fields_set}
+        given.update(backend_cfg.model_dump(exclude_unset=True))
+        backend_cfg = type(backend_cfg)(**given)
     # --model names the judge's own model: explicit, so a head trained on another backbone is
     # refused (runtime.judge_model_spec); unset, the head reads the model it was trained on
     cfg = cfg.model_copy(

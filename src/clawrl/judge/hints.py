@@ -135,21 +135,27 @@ _CLAUSE_SPLIT = re.compile(
     r",\s*|;\s*|:\s+|(?<!\s)\s+[-\u2013\u2014]+\s+|(?<!\s)\s+(?:and|but|so|or|plus)\s+", re.I
 )
 _STRONG = re.compile(
-    r"\b(?:don['\u2019]?t|do not|never(?!\s+mind)|always|instead|rather than|"
-    r"should(?:n['\u2019]?t| not)?|make sure|remember to|needs? to|must|next time|from now on|"
+    r"\b(?:don['\u2019]?t|do not|always|instead|rather than|"
+    r"never(?!\s+(?:mind|would|could|got|get|gets|had|has|have|been|was|were|did|knew|thought|"
+    r"seen|heard|fails|again)\b)|"
+    r"should(?:n['\u2019]?t| not)?|make sure|remember to|(?<!\bi\s)needs? to|must|next time|"
+    r"from now on|"
     r"in (?:the )?future|going forward|avoid|you forgot to)\b",
     re.IGNORECASE,
 )
 """Markers that make a clause a directive on their own."""
 _REQUEST = re.compile(
     r"\b(?:please|pls|plz)\b|"
-    r"^(?:(?:can|could|would|will|can['\u2019]?t|cant|won['\u2019]?t)\s+(?:you|u|ya)\b)|"
+    r"^(?:(?:can|could|would|will|can['\u2019]?t|cant|won['\u2019]?t)\s+(?:you|u|ya|we)\b)|"
     r"^i\s+(?:just\s+|only\s+|still\s+|really\s+)?(?:need|want|wanted|asked for)\s+(?!to\b)|"
+    r"^i(?:['\u2019]d|\s+would)\s+(?:really\s+)?(?:like|prefer|rather)\b|"
     r"^(?:no|less|fewer|more|shorter|simpler|plain|only)\s+(?!(?:that|this|it|i|you|thats|not|one|"
     r"idea|way|problem|worries|thanks|clue|matter)\b)[a-z\"'\u201c]|"
     r"\bonly\b[.!?]*$|\bwithout\b|\bhas to go\b|\bget rid of\b|\btake (?:out|off|away)\b|\bcut (?:out|down|back)\b|"
     r"\btoo\s+(?!(?:bad|late|soon|early)\b)[a-z]{3,}|"
     r"^you\s+(?:didn['\u2019]?t|did not|forgot|never|missed)\s+\w|"
+    r"^not\s+(?!(?:quite|really|sure|even|at all|bad|good|great|right|it|that|this|helpful|useful|"
+    r"accurate|what|exactly|again|yet|much|funny|a\b)\b)[a-z0-9_./-]+[.!]*$|"
     r"\b(?:nobody|no one|no-one)\s+(?:writes|says|talks|puts|uses|wants|needs|reads|does)\b|"
     r"^why\s+(?:is|are|did|do|does|would|was|were)\s+(?:there|you|it|this|that|the|so|all)\b|"
     r"\b(?:looks?|sounds?|reads?|feels?)\s+(?:like\s+(?:a|an|the|some|it|ai|chatgpt)|so|too|super|very|"
@@ -170,7 +176,9 @@ _IMPERATIVE = re.compile(
     r"look|open|edit|delete|install|import|test|verify|mention|cite|follow|skip|drop|prefer|start|"
     r"return|print|save|sort|shorten|summarize|summarise|translate|convert|wrap|move|set|update|pass|"
     r"ask|leave|limit|capitalize|lowercase|quote|respect|handle|lose|cut|trim|turn|say|tell|"
-    r"loosen|tone|simplify|rewrite|rephrase|get rid|take out|stick|go easy|lead|be)\b",
+    r"loosen|tone|simplify|rewrite|rephrase|get rid|take out|stick|go easy|lead|be|swap|retarget|"
+    r"halve|double|soften|break|(?:bold|number|indent) (?:the|each|every|it|them|all)|spell|"
+    r"do (?:it|this|that|them) (?:with|in|using|as|without|by))\b",
     re.IGNORECASE,
 )
 _LEAD = re.compile(
@@ -189,8 +197,8 @@ _SELF_QUESTION = re.compile(
 )
 """A question the writer asks for themselves ("what should I cook?"): no directive."""
 _REDO = re.compile(
-    r"\b(?:again|once more|one more time|another (?:one|shot|try|go|attempt|answer|version)|"
-    r"a different (?:one|answer)|redo|retry|regenerate|start over|over again)\b",
+    r"\b(?:again|once more|one more time|another \w+|a different \w+|redo|retry|regenerate|"
+    r"start over|over again)\b",
     re.IGNORECASE,
 )
 """Asking for another attempt; a clause that says nothing else names no change."""
@@ -229,12 +237,39 @@ def _clause_is_directive(clause: str, correction: bool) -> bool:
     core = _LEAD.sub("", clause.strip()).strip(" \"'\u201c\u201d")
     if not core or _SELF_QUESTION.match(core):
         return False
+    if not [w for w in content_tokens(core) if w not in _COURTESY]:
+        return False  # "please.", "thanks!": a courtesy on its own names nothing
     if _STRONG.search(core):
         return True
-    if not correction or _only_redo(core):
+    if not correction or _only_redo(core) or _NOT_A_CHANGE.search(core):
         return False
     return bool(_REQUEST.search(core) or _IMPERATIVE.match(core) or _REDO_WITH.match(core))
 
+
+_NOT_A_CHANGE = re.compile(
+    r"\b(?:can|could|would|will)\s+(?:you|u)\s+also\b|"
+    r"^i\s+(?:could|would|might|can|have|had|was|am|did)(?:n['\u2019]?t)?\s+(?!(?:like|prefer)\b)",
+    re.IGNORECASE,
+)
+"""A request form that names no change to the answer: an addition ("can you also add tests"),
+a statement about the writer ("I could have written that without a database")."""
+
+_CONTRAST = re.compile(
+    r"\b(?:but|though|however|one (?:request|thing|change)|just one thing|for the next|"
+    r"(?:the )?(?:future|next) ones|from now on|for the rest)\b",
+    re.IGNORECASE,
+)
+"""In a reply that is not a correction, a sentence that turns from praise to a request ("great,
+but give distances in km") is read as one."""
+
+_NEW_TOPIC = re.compile(
+    r"\b(?:unrelated|by the way|btw|different (?:question|topic)|another question|next q(?:uestion)?|"
+    r"also)\b",
+    re.IGNORECASE,
+)
+"""A turn to a new topic ("totally unrelated, but can you ..."): no contrast with the answer."""
+
+_COURTESY = frozenset(["please", "pls", "plz", "thanks", "thank", "thx", "ty"])
 
 _REDO_WITH = re.compile(r"^(?:redo|retry|try again|do it again)\b", re.IGNORECASE)
 """A redo that names something more ("redo it in metric units") is a directive."""
@@ -264,7 +299,10 @@ def extract_directive(
         sentence = _LEAD.sub("", " ".join(raw.split())).strip()
         if not sentence:
             continue
-        if any(_clause_is_directive(c, correction) for c in _CLAUSE_SPLIT.split(sentence)):
+        mood = correction or (
+            _CONTRAST.search(sentence) is not None and _NEW_TOPIC.search(sentence) is None
+        )
+        if any(_clause_is_directive(c, mood) for c in _CLAUSE_SPLIT.split(sentence)):
             picked.append(sentence[0].upper() + sentence[1:])
         if len(picked) >= max_sentences:
             break

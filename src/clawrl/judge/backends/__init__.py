@@ -51,7 +51,7 @@ def build_backend(
 
             return HeadBackend(
                 judge_model, tokenizer, head=cfg.path, model_name=model,
-                min_confidence=cfg.min_confidence,
+                min_confidence=cfg.min_confidence, hints=cfg.hints,
             )  # fmt: skip
         case OpenAIJudgeConfig():
             return OpenAIBackend(

@@ -6,11 +6,13 @@ backend's own copy), then each vote ``i`` is probe ``i`` of the :class:`~clawrl.
 HeadSet` — its own feature set and bootstrap resample, so the votes are independent
 classifiers. A vote below the head set's ``min_confidence`` abstains (``low_margin``). A
 program's empty output (0) and its non-zero exit status (-1) are judged without a model call
-(:func:`clawrl.judge.rules.program_rule`), as the choice judge does. Hints: vote ``i``'s hint
-gate decides whether the next state says how the turn should have been done; if so, the vote
-carries the directive sentences :func:`clawrl.judge.hints.extract_directive` copies from it,
-and the judge keeps a hint that a quorum of votes carries
-(:func:`clawrl.judge.hints.select_hint`).
+(:func:`clawrl.judge.rules.program_rule`), as the choice judge does. Hints (``hints="directive"``, the default): every vote that scores carries the directive
+sentences :func:`clawrl.judge.hints.extract_directive` copies from the next state, read as a
+correction when the vote scores -1 (request forms then count; otherwise only strong markers and
+a turn from praise to a request do), and the judge keeps a hint that a quorum of votes carries
+(:func:`clawrl.judge.hints.select_hint`). With ``hints="gate"`` only a vote whose trained hint
+gate fires looks, reading every reply as a correction; the gate's probability is recorded in
+each vote's ``raw`` either way. Why the default changed: README, "The judge".
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class HeadBackend:
         head: the trained probes; default: the shipped set (:func:`default_head_path`).
         model_name: recorded on every judgment.
         min_confidence: override the head set's abstention threshold (``None``: keep it).
+        hints: which votes look for a hint: ``"directive"`` or ``"gate"`` (module doc).
 
     Raises:
         JudgeError: the head set was trained for another judge model.
@@ -63,7 +66,11 @@ class HeadBackend:
         head: HeadSet | str | Path | None = None,
         model_name: str = "",
         min_confidence: float | None = None,
+        hints: str = "directive",
     ) -> None:
+        if hints not in ("directive", "gate"):
+            raise JudgeError(f"judge.backend.hints must be 'directive' or 'gate', not {hints!r}")
+        self.hints = hints
         self.extractor = FeatureExtractor(model, tokenizer)
         path = default_head_path() if head is None else head
         self.head = path if isinstance(path, HeadSet) else HeadSet.load(path)
@@ -123,9 +130,11 @@ class HeadBackend:
                 gate = float(self.head.hint_probes[i].probs(features)[0, 1])
                 raw["hint_gate"] = round(gate, 4)
                 hint = None
-                if gate >= 0.5:
+                look = gate >= 0.5 if self.hints == "gate" else True
+                if look:
+                    negative = self.hints == "gate" or CLASSES[top] == Score.BAD
                     found = extract_directive(
-                        inp.next_state.text, inp.next_state.role, negative=True
+                        inp.next_state.text, inp.next_state.role, negative=negative
                     )
                     hint = found.text if found is not None else None
                 vote = self._vote(i, CLASSES[top], probe.name, raw, latency, hint)
