@@ -11,7 +11,10 @@ offline on the same votes, with the extractor as it is now:
 - ``gate>=T``: only votes whose gate is at least T look, reading every reply as a correction;
 - ``gate or -1``: a vote that scores -1 also looks, besides the gate;
 - ``directive``: every vote that scores looks, the reply read as a correction where the vote
-  scores -1 (the default since 2026-12-07, chosen on ``shipped`` + ``blind``).
+  scores -1;
+- ``bad-or-gate``: a vote that scores -1 or whose gate fires looks, the reply read as a
+  correction where the vote scores -1 (the default since 2026-12-07, chosen on ``shipped`` +
+  ``blind``).
 
 Choose on the training sets (``shipped``, ``blind``: both were used to fit or compare heads),
 then score the chosen rule once on ``blind-b`` (``--sets blind-b``)::
@@ -43,6 +46,7 @@ RULES: dict[str, Rule] = {
     **{f"gate>={t}": (lambda s, g, t=t: (g >= t, True)) for t in (0.5, 0.4, 0.3, 0.2, 0.1)},
     "gate or -1": lambda s, g: (g >= 0.5 or s == -1, True),
     "directive": lambda s, g: (s is not None, s == -1),
+    "bad-or-gate": lambda s, g: (g >= 0.5 or s == -1, s == -1),
 }
 
 

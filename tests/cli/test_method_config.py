@@ -199,3 +199,18 @@ def test_demo_takes_the_engine_flags():
     bad = parser.parse_args(["demo", "--engine", "transformers", "--vllm-url", "http://h:1"])
     with pytest.raises(ConfigError, match="--engine vllm"):
         demo_config(bad)
+
+
+def test_judge_flag_keeps_the_same_backends_settings():
+    """--judge head with --set judge.backend={kind="head", ...}: the settings stay (they were
+    replaced by the backend's defaults); another backend's flag starts from its defaults."""
+    import argparse
+
+    from clawrl.cli.options import config_with_flags
+
+    given = ['judge.backend={kind="head", hints="gate", min_confidence=0.8}']
+    cfg = config_with_flags(argparse.Namespace(config=None, overrides=given, judge="head"))
+    assert cfg.judge.backend.kind == "head"
+    assert (cfg.judge.backend.hints, cfg.judge.backend.min_confidence) == ("gate", 0.8)
+    cfg = config_with_flags(argparse.Namespace(config=None, overrides=given, judge="choice"))
+    assert cfg.judge.backend.kind == "choice"

@@ -100,25 +100,26 @@ def test_votes_are_independent_probes(tiny_head):
     "text", ["great, but give distances in km please", "no, that's wrong. use km please"]
 )
 def test_each_vote_reads_the_reply_as_its_own_score_says(tiny_head, text):
-    """hints="directive": every scoring vote looks for a directive, request forms only where the
-    vote scores -1 (or the sentence turns from praise to a request); hints="gate": only votes
-    whose gate fires look, reading every reply as a correction."""
+    """hints="bad-or-gate": a vote that scores -1 or whose gate fires looks for a directive,
+    request forms only where the vote scores -1 (or the sentence turns from praise to a
+    request); hints="gate": only votes whose gate fires look, reading every reply as a
+    correction."""
     from clawrl.judge.hints import extract_directive
 
     policy, _, _, path = tiny_head
     inp = _inp(NextStateRole.USER, text)
-    for rule in ("directive", "gate"):
+    for rule in ("bad-or-gate", "gate"):
         backend = HeadBackend(
             policy.model, policy.tokenizer, head=path, min_confidence=0.0, hints=rule
         )
         votes = asyncio.run(backend.votes(inp, range(6)))
         for v in votes:
             gate = json.loads(v.raw)["hint_gate"]
-            look = rule == "directive" or gate >= 0.5
+            look = gate >= 0.5 or (rule == "bad-or-gate" and v.score == Score.BAD)
             negative = rule == "gate" or v.score == Score.BAD
             found = extract_directive(text, NextStateRole.USER, negative=negative) if look else None
             assert v.hint == (found.text if found else None), (rule, v.score, gate)
-    with pytest.raises(JudgeError, match="'directive' or 'gate'"):
+    with pytest.raises(JudgeError, match="'bad-or-gate' or 'gate'"):
         HeadBackend(policy.model, policy.tokenizer, head=path, hints="always")
 
 

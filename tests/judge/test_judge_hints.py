@@ -212,6 +212,14 @@ def test_extract_directive_review_cases(text, negative, expected):
         ("perfect, can you also add a couple of unit tests?", True, None),
         ("Honestly disappointing. I could have written that without a database.", True, None),
         ("Actually I'd like more detail on step 3.", True, "I'd like more detail"),
+        # found by a review: a named alternative is no redo, a lead-in keeps its contrast
+        ("no, use a different font", True, "Use a different font"),
+        ("wrong, use another library", True, "Use another library"),
+        ("thanks, but give distances in km", False, "Give distances in km"),
+        ("Thanks. Also, can you write a poem about cats, but keep it short?", False, None),
+        ("I really need to leave soon, bye", False, None),
+        ("We need to buy milk today.", False, None),
+        ("The answer needs to come first.", False, "The answer needs to come first"),
     ],
 )
 def test_extract_directive_training_set_misses(text, negative, expected):
@@ -222,6 +230,17 @@ def test_extract_directive_training_set_misses(text, negative, expected):
         assert h is None
     else:
         assert h is not None and h.text.startswith(expected)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("text", ["Looks good but not x" + "." * 100_000 + "?", "not " * 50_000])
+def test_extract_directive_is_linear_on_long_punctuation(text):
+    # the contrast clause "not Y" backtracked over runs of dots: 100k took about 30 s
+    import time
+
+    t0 = time.perf_counter()
+    extract_directive(text, NextStateRole.USER, negative=True)
+    assert time.perf_counter() - t0 < 5
 
 
 @pytest.mark.timeout(60)

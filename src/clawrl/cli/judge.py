@@ -57,9 +57,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     e.add_argument("--head", metavar="FILE", help="head backend: a `clawrl judge train` file")
     e.add_argument(
         "--hints",
-        choices=["directive", "gate"],
-        help="head backend: which votes look for a hint: directive (every vote that scores, "
-        "the default) or gate (votes whose hint gate fires, the earlier rule)",
+        choices=["bad-or-gate", "gate"],
+        help="head backend: which votes look for a hint: bad-or-gate (a vote that scores -1 or "
+        "whose hint gate fires; the default) or gate (only votes whose gate fires, the earlier "
+        "rule)",
     )
     e.add_argument("--votes", type=int, default=5, metavar="M", help="votes per judgment (5)")
     e.add_argument(

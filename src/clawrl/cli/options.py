@@ -261,6 +261,10 @@ def apply_flags(
     judge = data.setdefault("judge", {})
     if getattr(args, "judge", None):
         backend: dict[str, Any] = {"kind": args.judge}
+        given = judge.get("backend")
+        if isinstance(given, dict) and given.get("kind", "head") == args.judge:
+            # the same backend's settings from --config / --set stay (hints, min_confidence)
+            backend = {**given, **backend}
         if args.judge == "openai":
             backend.update(url=args.judge_url or "", model=args.judge_model or "")
             if args.judge_api_key_env:

@@ -42,12 +42,12 @@ class HeadJudgeConfig(_Section):
         le=1.0,
         description="A vote abstains below this top probability; None: the head set's own.",
     )
-    hints: Literal["directive", "gate"] = Field(
-        default="directive",
-        description="Which votes look for a hint in the next state: 'directive' (every vote "
-        "that scores; a -1 vote reads the reply as a correction, so request forms count) or "
-        "'gate' (only votes whose trained hint gate fires, the rule before 2026-12-07). "
-        "Measured in README, 'The judge'.",
+    hints: Literal["bad-or-gate", "gate"] = Field(
+        default="bad-or-gate",
+        description="Which votes look for a hint in the next state: 'bad-or-gate' (a vote that "
+        "scores -1, reading the reply as a correction, or whose trained hint gate fires) or "
+        "'gate' (only votes whose gate fires, every reply read as a correction: the rule before "
+        "2026-12-07). Measured in README, 'The judge'.",
     )
 
 

@@ -22,28 +22,34 @@ to the assistant — and only from a user message or a feedback comment (tool ou
 and verifier lines are evidence, not instructions). Sentences are cut into clauses (at commas,
 semicolons, dashes, "and"/"but"/"so"); a sentence is kept when one of its clauses
 
-* carries a *strong marker* (``don't``, ``never``, ``always``, ``instead``, ``should``,
-  ``make sure``, ``next time`` ...), whatever the message's tone; or, only when the message is
-  a *correction* (the judge scored the turn -1, or a lexical cue: ``no`` but not "no problem",
-  ``wrong``, ``not what``, ``you forgot``, ``too long`` ...),
+* carries a *strong marker* (``don't``, ``never`` + a verb, ``always``, ``instead``, ``should``,
+  ``make sure``, ``next time``, ``you need to`` ...), whatever the message's tone; or, only when
+  the message is a *correction* (the judge scored the turn -1, or a lexical cue: ``no`` but not
+  "no problem", ``wrong``, ``not what``, ``you forgot``, ``too long`` ...) or the sentence turns
+  from praise to a request (``but``, ``though``, ``one request``, ``for the next ...``; not when
+  it opens a new topic: ``also``, ``btw``, ``unrelated``),
 * starts with an imperative verb (``lose the bold``, ``cut it down``), or is a *request form*:
   ``please``/``pls``, ``can you ...``, ``I (just) need ...``, ``no``/``less``/``more`` + noun,
   ``... only``, ``without``, ``too <adj>``, ``get rid of``, ``nobody writes ...``,
-  ``why is there ...``, ``sounds/looks like ...``, ``you didn't ...``.
+  ``why is there ...``, ``sounds/looks like ...``, ``you didn't ...``, ``I'd like ...``, a
+  contrast clause ``..., not Y``; but not an addition (``can you also ...``) or what the writer
+  could have done (``I could have ...``).
 
 Lead-ins ("hmm", "ok but", "ugh") are dropped; words that can also start an instruction
 ("no", "wait", "close", "still") only when punctuation follows them. A question the writer
 asks for themselves ("what should I cook?") is never a directive, nor is a clause that only
-asks for another attempt ("try again", "give me another one", "please take another shot");
+asks for another attempt ("try again", "give me another one", "please take another shot"),
+nor a courtesy on its own ("..., please.");
 a redo that names more ("redo it in metric units") is. Requiring a correction for the weak
 forms keeps a new task ("can you explain how vaccines work?") from becoming a hint, as long
 as the judge does not score it -1. It is a keyword heuristic and it cannot rephrase. Measured on 160 user replies written
 for this by someone who had not seen the code (90 directives, 70 not; ``negative`` set where the
 writer is unhappy): precision 0.98, recall 0.89 (the previous marker-only rule: 1.00, 0.29).
-It misses praise followed by a request ("great, but give distances in km pls") and pure
-descriptions ("the bullet points look so robotic"); when every turn is scored -1, 10 of 15 new
-tasks and 2 of 13 redo requests become hints. ``clawrl judge eval`` measures it on the shipped
-set.
+Since 2026-12-07 (the contrast, the new forms and exclusions above, chosen on this set and the
+judge's shipped and first blind sets): 1.00, 0.99; it misses pure descriptions ("the bullet
+points look so robotic"), and a new task that follows praise with "but" without saying
+"also" reads as a request. ``clawrl judge eval`` measures it with the judge (README, "The
+judge").
 """
 
 from __future__ import annotations
@@ -138,7 +144,7 @@ _STRONG = re.compile(
     r"\b(?:don['\u2019]?t|do not|always|instead|rather than|"
     r"never(?!\s+(?:mind|would|could|got|get|gets|had|has|have|been|was|were|did|knew|thought|"
     r"seen|heard|fails|again)\b)|"
-    r"should(?:n['\u2019]?t| not)?|make sure|remember to|(?<!\bi\s)needs? to|must|next time|"
+    r"should(?:n['\u2019]?t| not)?|make sure|remember to|(?:\b(?:you|u|it|this|that|answers?|replies|each|every \w+)\s+(?:\w+\s+)?needs?|^needs?) to|must|next time|"
     r"from now on|"
     r"in (?:the )?future|going forward|avoid|you forgot to)\b",
     re.IGNORECASE,
@@ -155,7 +161,7 @@ _REQUEST = re.compile(
     r"\btoo\s+(?!(?:bad|late|soon|early)\b)[a-z]{3,}|"
     r"^you\s+(?:didn['\u2019]?t|did not|forgot|never|missed)\s+\w|"
     r"^not\s+(?!(?:quite|really|sure|even|at all|bad|good|great|right|it|that|this|helpful|useful|"
-    r"accurate|what|exactly|again|yet|much|funny|a\b)\b)[a-z0-9_./-]+[.!]*$|"
+    r"accurate|what|exactly|again|yet|much|funny|a\b)\b)[a-z0-9_/-]++(?:\.[a-z0-9_/-]+)*+[.!]*$|"
     r"\b(?:nobody|no one|no-one)\s+(?:writes|says|talks|puts|uses|wants|needs|reads|does)\b|"
     r"^why\s+(?:is|are|did|do|does|would|was|were)\s+(?:there|you|it|this|that|the|so|all)\b|"
     r"\b(?:looks?|sounds?|reads?|feels?)\s+(?:like\s+(?:a|an|the|some|it|ai|chatgpt)|so|too|super|very|"
@@ -197,8 +203,10 @@ _SELF_QUESTION = re.compile(
 )
 """A question the writer asks for themselves ("what should I cook?"): no directive."""
 _REDO = re.compile(
-    r"\b(?:again|once more|one more time|another \w+|a different \w+|redo|retry|regenerate|"
-    r"start over|over again)\b",
+    r"\b(?:again|once more|one more time|"
+    r"another (?:one|shot|try|go|attempt|answer|version|stab|crack|option|joke|idea|example)|"
+    r"a different (?:one|answer|option|version|idea|example)|redo|retry|regenerate|start over|"
+    r"over again)\b",
     re.IGNORECASE,
 )
 """Asking for another attempt; a clause that says nothing else names no change."""
@@ -248,11 +256,11 @@ def _clause_is_directive(clause: str, correction: bool) -> bool:
 
 _NOT_A_CHANGE = re.compile(
     r"\b(?:can|could|would|will)\s+(?:you|u)\s+also\b|"
-    r"^i\s+(?:could|would|might|can|have|had|was|am|did)(?:n['\u2019]?t)?\s+(?!(?:like|prefer)\b)",
+    r"^i\s+(?:could|would|might)(?:n['\u2019]?t)?\s+have\b",
     re.IGNORECASE,
 )
 """A request form that names no change to the answer: an addition ("can you also add tests"),
-a statement about the writer ("I could have written that without a database")."""
+what the writer could have done ("I could have written that without a database")."""
 
 _CONTRAST = re.compile(
     r"\b(?:but|though|however|one (?:request|thing|change)|just one thing|for the next|"
@@ -296,11 +304,13 @@ def extract_directive(
     correction = negative or _CORRECTION_CUE.search(text.strip()) is not None
     picked: list[str] = []
     for raw in _SENTENCE_SPLIT.split(text.strip()):
-        sentence = _LEAD.sub("", " ".join(raw.split())).strip()
+        plain = " ".join(raw.split())
+        sentence = _LEAD.sub("", plain).strip()
         if not sentence:
             continue
+        # the lead-in is part of the turn ("thanks, but ...", "also, can you ...")
         mood = correction or (
-            _CONTRAST.search(sentence) is not None and _NEW_TOPIC.search(sentence) is None
+            _CONTRAST.search(plain) is not None and _NEW_TOPIC.search(plain) is None
         )
         if any(_clause_is_directive(c, mood) for c in _CLAUSE_SPLIT.split(sentence)):
             picked.append(sentence[0].upper() + sentence[1:])

@@ -6,13 +6,14 @@ backend's own copy), then each vote ``i`` is probe ``i`` of the :class:`~clawrl.
 HeadSet` — its own feature set and bootstrap resample, so the votes are independent
 classifiers. A vote below the head set's ``min_confidence`` abstains (``low_margin``). A
 program's empty output (0) and its non-zero exit status (-1) are judged without a model call
-(:func:`clawrl.judge.rules.program_rule`), as the choice judge does. Hints (``hints="directive"``, the default): every vote that scores carries the directive
-sentences :func:`clawrl.judge.hints.extract_directive` copies from the next state, read as a
-correction when the vote scores -1 (request forms then count; otherwise only strong markers and
-a turn from praise to a request do), and the judge keeps a hint that a quorum of votes carries
-(:func:`clawrl.judge.hints.select_hint`). With ``hints="gate"`` only a vote whose trained hint
-gate fires looks, reading every reply as a correction; the gate's probability is recorded in
-each vote's ``raw`` either way. Why the default changed: README, "The judge".
+(:func:`clawrl.judge.rules.program_rule`), as the choice judge does. Hints (``hints="bad-or-gate"``, the default): a vote that scores -1 or whose trained hint gate
+fires carries the directive sentences :func:`clawrl.judge.hints.extract_directive` copies from
+the next state, read as a correction where the vote scores -1 (request forms then count;
+otherwise only strong markers and a turn from praise to a request do), and the judge keeps a
+hint that a quorum of votes carries (:func:`clawrl.judge.hints.select_hint`). With
+``hints="gate"`` only a vote whose gate fires looks, reading every reply as a correction (the
+rule before 2026-12-07). The gate's probability is in each vote's ``raw`` either way. Why the
+default changed: README, "The judge".
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class HeadBackend:
         head: the trained probes; default: the shipped set (:func:`default_head_path`).
         model_name: recorded on every judgment.
         min_confidence: override the head set's abstention threshold (``None``: keep it).
-        hints: which votes look for a hint: ``"directive"`` or ``"gate"`` (module doc).
+        hints: which votes look for a hint: ``"bad-or-gate"`` or ``"gate"`` (module doc).
 
     Raises:
         JudgeError: the head set was trained for another judge model.
@@ -66,10 +67,10 @@ class HeadBackend:
         head: HeadSet | str | Path | None = None,
         model_name: str = "",
         min_confidence: float | None = None,
-        hints: str = "directive",
+        hints: str = "bad-or-gate",
     ) -> None:
-        if hints not in ("directive", "gate"):
-            raise JudgeError(f"judge.backend.hints must be 'directive' or 'gate', not {hints!r}")
+        if hints not in ("bad-or-gate", "gate"):
+            raise JudgeError(f"judge.backend.hints must be 'bad-or-gate' or 'gate', not {hints!r}")
         self.hints = hints
         self.extractor = FeatureExtractor(model, tokenizer)
         path = default_head_path() if head is None else head
@@ -130,9 +131,9 @@ class HeadBackend:
                 gate = float(self.head.hint_probes[i].probs(features)[0, 1])
                 raw["hint_gate"] = round(gate, 4)
                 hint = None
-                look = gate >= 0.5 if self.hints == "gate" else True
-                if look:
-                    negative = self.hints == "gate" or CLASSES[top] == Score.BAD
+                bad = CLASSES[top] == Score.BAD
+                if gate >= 0.5 or (bad and self.hints == "bad-or-gate"):
+                    negative = bad or self.hints == "gate"
                     found = extract_directive(
                         inp.next_state.text, inp.next_state.role, negative=negative
                     )
