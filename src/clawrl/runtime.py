@@ -359,11 +359,16 @@ def build_runtime(
             "server.external_trainer needs server.version_poll_s > 0: an external trainer's "
             "versions reach this gateway only through the store"
         )
-    if config.memory.distill and not (method.trains and online and not external):
+    if config.memory.distill and external:
+        raise ConfigError(
+            "with server.external_trainer the trainer process distils the memory: give it "
+            "there (clawrl train --method combine --distill) and serve with --memory alone"
+        )
+    if config.memory.distill and not (method.trains and online):
         raise ConfigError(
             "memory.distill trains the served policy's memory turns: it needs an online "
-            "method that trains in this process (opd or combine; not off, a harness method, "
-            "or server.external_trainer)"
+            "method that trains (opd or combine; not off or a harness method), here or in "
+            "clawrl train --distill"
         )
     if config.memory.distill and not method.needs.uses_hint:
         raise ConfigError(f"memory.distill needs a method with a teacher (opd or combine), not "
@@ -555,19 +560,24 @@ def build_trainer_process(
     if method.needs.group:
         raise ConfigError(f"method {method.kind!r} needs rollout groups: use it in harness "
                           "mode (clawrl harness train)")  # fmt: skip
-    if config.memory.distill:
-        raise ConfigError("memory.distill runs in the serving process's online learner "
-                          "(clawrl serve --memory --distill --method combine); clawrl train "
-                          "does not distil the memory yet")  # fmt: skip
+    if config.memory.distill and not method.needs.uses_hint:
+        raise ConfigError(f"memory.distill needs a method with a teacher (opd or combine), not "
+                          f"{method.kind!r}")  # fmt: skip
     if policy is None:
         policy = load_model(config.model_copy(update={
             "model": config.model.model_copy(update={"device": "cpu"})}))  # fmt: skip
     trainer = ShardedTrainer(policy.model, config.trainer, env, computes_teacher=True)
-    store = metrics = None
+    store = metrics = keeper = None
     if env.is_main:
         store = Store(config.server.store)
         metrics = MetricsWriter.from_config(config.trainer.output_dir, config)
+        if config.memory.distill:  # the gateways take the directives; this one retires them
+            from clawrl.memory import MemoryKeeper
+
+            keeper = MemoryKeeper(store, max_entries=config.memory.max_entries,
+                                  retire_gap=config.memory.retire_gap,
+                                  retire_turns=config.memory.retire_turns)  # fmt: skip
     return TrainerProcess(
         trainer, env, config.trainer, store=store, tokenizer=policy.tokenizer,
-        max_context=policy.max_context, metrics=metrics, out=out,
+        max_context=policy.max_context, metrics=metrics, out=out, memory=keeper,
     )  # fmt: skip

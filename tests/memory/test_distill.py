@@ -81,6 +81,19 @@ def _learner(policy, engine, store, tmp, keeper, method="combine", batch=2):
                          MetricsWriter(tmp / "out", tensorboard=False), memory=keeper)  # fmt: skip
 
 
+def _record_steps(monkeypatch, learner) -> list[dict]:
+    """Each step's samples by turn id, as the learner is given them."""
+    stepped: list[dict] = []
+    step = learner.step
+
+    def recording(samples, turn_ids, **kw):
+        stepped.append(dict(zip(turn_ids, samples, strict=True)))
+        return step(samples, turn_ids, **kw)
+
+    monkeypatch.setattr(learner, "step", recording)
+    return stepped
+
+
 @pytest.mark.parametrize("system", [None, "You are terse."])
 def test_the_student_sees_the_client_messages_and_the_teacher_what_was_shown(world, system):
     policy, engine, store, _, ids, _ = world
@@ -153,14 +166,7 @@ def test_memory_turns_train_without_their_block_and_record_each_entrys_gap(world
 
         expected[turn.id] = (score(d.teacher_prompt), score(d.student_prompt),
                              mean_gap(score(d.memory_prompt), score(d.student_prompt)))  # fmt: skip
-    stepped: list = []
-    step = learner.learner.step
-
-    def recording(samples, turn_ids, **kw):
-        stepped.append(dict(zip(turn_ids, samples, strict=True)))
-        return step(samples, turn_ids, **kw)
-
-    monkeypatch.setattr(learner.learner, "step", recording)
+    stepped = _record_steps(monkeypatch, learner.learner)
     m = asyncio.run(learner.step_if_ready())
     assert m is not None and m["distill/samples"] == 2.0
     gaps = []
@@ -219,8 +225,66 @@ def test_the_runtime_refuses_distill_without_an_online_learner(tmp_path):
     cfg = load_config(None, ["memory.distill=true", "trainer.method=combine"])
     with pytest.raises(ConfigError, match="turn the memory on too"):
         build_runtime(cfg, store=tmp_path / "s.db", policy=tiny_policy(seed=0))
-    with pytest.raises(ConfigError, match="clawrl train does not distil"):
+    cfg = load_config(None, ["memory.distill=true", "memory.enabled=true",
+                             "trainer.method=combine", "server.external_trainer=true"])  # fmt: skip
+    with pytest.raises(ConfigError, match="clawrl train --method combine --distill"):
+        build_runtime(cfg, store=tmp_path / "s.db", policy=tiny_policy(seed=0))
+    cfg = load_config(None, ["memory.distill=true", "trainer.method=rl"])
+    with pytest.raises(ConfigError, match="opd or combine"):
         build_trainer_process(cfg, None)  # type: ignore[arg-type]
+
+
+@pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")
+def test_clawrl_train_distils_memory_turns_as_the_online_learner_does(world, monkeypatch):
+    """The trainer process (``clawrl train --distill``, one rank here): a memory turn's sample
+    is its prompt without the block, the step scores teacher and student with the trainer's
+    weights (the engine's log-probs at the same weights), records each entry's gap, prints it
+    on the step line, and an entry whose gaps are small retires (gateways read it)."""
+    from clawrl.trainer.distributed import init_distributed, shutdown_distributed
+    from clawrl.trainer.fsdp import ShardedTrainer
+    from clawrl.trainer.process import TrainerProcess
+
+    policy, engine, store, _, ids, tmp = world
+    quiet, _ = _memory_turn(policy, engine, store, ids, 1)
+    hinted, _ = _memory_turn(policy, engine, store, ids, 2, score=-1, hint="Say it in one line.")
+    keeper = MemoryKeeper(store, sync_s=0.0, retire_turns=2, retire_gap=1e9)  # retire at once
+    env = init_distributed("cpu")
+    try:
+        config = TrainerConfig(method="combine", lr=1e-3, batch_size=2,
+                               output_dir=str(tmp / "proc"))  # fmt: skip
+        trainer = ShardedTrainer(tiny_policy(seed=4, max_context=512).model, config, env,
+                                 computes_teacher=True)  # fmt: skip
+        lines: list[str] = []
+        proc = TrainerProcess(
+            trainer, env, config, store=store, tokenizer=policy.tokenizer, max_context=512,
+            metrics=MetricsWriter(tmp / "proc", tensorboard=False), out=lines.append,
+            memory=keeper,
+        )  # fmt: skip
+        assert proc.resume() == 0
+        order = proc.next_order()
+        assert order is not None and not isinstance(order, str)
+        assert order.turn_ids == [quiet.id, hinted.id] and order.teacher_prompts == [None, None]
+        stepped = _record_steps(monkeypatch, proc.learner)
+        m = proc.step(order)
+        for turn, hint in ((quiet, None), (hinted, "Say it in one line.")):
+            d = distillation(policy.tokenizer, turn, hint, proc.needs.hint_placement)
+            assert d is not None and order.distill[order.turn_ids.index(turn.id)] == d
+            s = stepped[0][turn.id]
+            assert s.prompt_ids == d.student_prompt
+
+            def score(prompt, turn=turn):
+                return asyncio.run(engine.score(prompt, turn.completion_ids, temperature=1.0))
+
+            assert s.teacher_logprobs == pytest.approx(score(d.teacher_prompt), abs=1e-4)
+            assert s.student_logprobs == pytest.approx(score(d.student_prompt), abs=1e-4)
+        assert m["distill/samples"] == 2.0 and m["memory/retired"] == 2.0
+        assert all(store.get_memory_entry(i).status == MemoryStatus.RETIRED for i in ids)
+        assert not set(ids) & set(keeper.snapshot().entry_ids)  # (the hint becomes one)
+        assert any("distilled 2 gap" in x and "retired 2" in x for x in lines), lines
+        assert sum("memory: retired" in x for x in lines) == 2
+        proc.close()
+    finally:
+        shutdown_distributed()
 
 
 def test_gap_is_the_mean_difference():

@@ -36,6 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         epilog="examples:\n"
         "  clawrl train --store clawrl.db --output-dir runs/online --method combine\n"
         "  clawrl train --store clawrl.db --output-dir runs/online --method combine --nproc 2\n"
+        "  clawrl train --store clawrl.db --output-dir runs/online --method combine --distill\n"
         "  torchrun --nproc-per-node 4 -m clawrl train --store postgresql://u@db/clawrl \\\n"
         "      --output-dir /shared/runs/online --method combine --device cuda",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -49,6 +50,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="stop after the trainer's step N (default: run until stopped)")  # fmt: skip
     g = p.add_argument_group("training")
     add_online_method_options(g, "rl: Binary RL; opd: hindsight OPD; combine: both")
+    g.add_argument("--distill", action="store_true",
+                   help="preference memory (gateways run with --memory): train each turn that "
+                   "had memory without it, the policy with the memory its teacher, and retire "
+                   "an entry once the weights alone follow it (memory.distill; opd or "
+                   "combine)")  # fmt: skip
     add_config_options(p)
     p.set_defaults(func=run)
 
@@ -94,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
     if args.store:
         server = server.model_copy(update={"store": args.store})
     cfg = cfg.model_copy(update={"model": model, "server": server})
+    if args.distill:
+        cfg = cfg.model_copy(update={"memory": cfg.memory.model_copy(update={"distill": True})})
     quiet_transformers()
 
     from clawrl.runtime import build_trainer_process

@@ -37,30 +37,43 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from clawrl.config import SampleNeeds, TrainerConfig
 from clawrl.errors import ClawrlError, ConfigError, TrainerError
-from clawrl.store import DropReason, PolicyVersionRecord, SampleRecord, Store, WeightsKind
+from clawrl.store import (
+    DropReason,
+    JudgmentRecord,
+    PolicyVersionRecord,
+    SampleRecord,
+    Store,
+    TurnRecord,
+    WeightsKind,
+)
 from clawrl.store.leases import TRAINER_LEASE, Lease, holder_is_dead_here, lease_holder
 from clawrl.trainer.distributed import DistEnv, broadcast_object
 from clawrl.trainer.fsdp import ShardedTrainer
 from clawrl.trainer.learner import Learner
 from clawrl.trainer.metrics import MetricsWriter
 from clawrl.trainer.samples import (
+    Distillation,
     decide,
+    distillation,
     drop_record,
     make_sample,
     scored,
     stale_ids,
     teacher_prompt_ids,
+    with_distillation,
     with_teacher,
 )
 from clawrl.trainer.types import TrainSample
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+
+    from clawrl.memory import MemoryKeeper
 
 log = logging.getLogger(__name__)
 
@@ -175,11 +188,15 @@ class StepOrder:
         samples: their :class:`TrainSample` (teacher log-probs not yet computed).
         teacher_prompts: per sample, the hint-enhanced prompt ids whose teacher log-probs the
             ranks compute (``None``: no hint, or a method without OPD).
+        distill: per sample, its :class:`~clawrl.trainer.samples.Distillation` when it is
+            trained without the memory block it was sampled with (``memory.distill``; the
+            ranks compute its teacher and student log-probs); empty: none is.
     """
 
     turn_ids: list[str]
     samples: list[TrainSample]
     teacher_prompts: list[list[int] | None]
+    distill: list[Distillation | None] = field(default_factory=list)
 
 
 def step_line(m: dict[str, float], ranks: int, dropped: int) -> str:
@@ -190,7 +207,9 @@ def step_line(m: dict[str, float], ranks: int, dropped: int) -> str:
         f"reward {m.get('reward/mean', 0.0):+.2f} | hint rate {m.get('hint/rate', 0.0):.2f} | "
         f"grad norm {m.get('grad/norm', 0.0):.3f} | {m.get('time/step_total', 0.0):.2f} s "
         f"on {ranks} rank{'s' if ranks > 1 else ''} | dropped {dropped}"
-    )
+        + (f" | distilled {int(m['distill/samples'])} gap {m.get('distill/gap', 0.0):.3f} "
+           f"retired {int(m.get('memory/retired', 0))}" if "distill/samples" in m else "")
+    )  # fmt: skip
 
 
 class TrainerProcess:
@@ -207,12 +226,19 @@ class TrainerProcess:
             alone trains it).
         metrics: where step metrics go (rank 0).
         out: where the console lines go (rank 0).
+        memory: with ``memory.distill``, the preference memory whose turns are distilled
+            (rank 0; as the in-process learner does, :class:`clawrl.trainer.online.
+            OnlineLearner`): a turn sampled with a memory block is trained without it, the
+            policy with the block (plus the turn's hint) its teacher, and each step's gaps may
+            retire entries (:meth:`clawrl.memory.MemoryKeeper.record_distillation`; gateways
+            read retirements from the store).
 
     :meth:`close` closes the store and the metrics writer it was given.
 
     Raises:
         ConfigError: ``checkpoint_every`` is not 1 (a step's turn ids must be in a checkpoint
-            before their ``samples`` rows are written), or rank 0 has no store.
+            before their ``samples`` rows are written), rank 0 has no store, or ``memory``
+            with a method that has no teacher.
     """
 
     def __init__(
@@ -226,9 +252,13 @@ class TrainerProcess:
         max_context: int = 2048,
         metrics: MetricsWriter | None = None,
         out: Callable[[str], None] = print,
+        memory: MemoryKeeper | None = None,
     ) -> None:
         if env.is_main and (store is None or tokenizer is None):
             raise ConfigError("rank 0 of clawrl train needs the store and the tokenizer")
+        if memory is not None and not trainer.method.needs.uses_hint:
+            raise ConfigError(f"memory.distill needs a method with a teacher (opd or combine), "
+                              f"not {trainer.method.kind!r}")  # fmt: skip
         self.trainer = trainer
         self.env = env
         self.config = config
@@ -243,7 +273,9 @@ class TrainerProcess:
         """Set by a signal handler; rank 0 then sends every rank the ``stop`` order."""
         self.step_limit: int | None = None
         """When set, rank 0 stops every rank after this step (tests, benchmarks)."""
-        self._ready: dict[str, tuple[TrainSample, list[int] | None]] = {}
+        self.memory = memory
+        """The memory distilled into the weights (rank 0; ``None``: turns train as sampled)."""
+        self._ready: dict[str, tuple[TrainSample, list[int] | None, Distillation | None]] = {}
         self.lease = TrainerLease(store, out=out) if env.is_main and store is not None else None
         """Rank 0's hold on the store's trainer lease (taken by :meth:`resume`)."""
         self.learner = Learner(
@@ -302,12 +334,19 @@ class TrainerProcess:
             if turn is None or j is None:
                 continue
             lag = self.trainer.policy_version - turn.policy_version
-            reason = decide(turn, j, self.needs, lag=lag, max_staleness=self.config.max_staleness)
+            distilled = self.memory is not None and bool(turn.memory)
+            reason = decide(turn, j, self.needs, lag=lag, max_staleness=self.config.max_staleness,
+                            distilled=distilled)  # fmt: skip
+            distill = self._distillation(turn, j) if reason is None and distilled else None
+            if reason is None and distilled and distill is None:  # the block cannot be cut out
+                reason = decide(turn, j, self.needs, lag=lag,
+                                max_staleness=self.config.max_staleness)  # fmt: skip
             if reason is not None:
                 drops.append(drop_record(turn_id, reason, self.drops))
                 continue
             prompt = None
-            if j.hint and self.needs.uses_hint:
+            # a distilled turn's teacher and student are scored by the ranks at step time
+            if distill is None and j.hint and self.needs.uses_hint:
                 assert self.tokenizer is not None, "the rank that reads the store has it"
                 hinted = teacher_prompt_ids(self.tokenizer, turn, j.hint, self.needs.hint_placement)
                 if len(hinted) + len(turn.completion_ids) <= self.max_context:
@@ -317,9 +356,10 @@ class TrainerProcess:
                     continue
                 else:
                     log.warning("hinted prompt of %s is too long to score: reward only", turn_id)
-            self._ready[turn_id] = (make_sample(turn, j, self.needs, None), prompt)
+            self._ready[turn_id] = (make_sample(turn, j, self.needs, None, distill), prompt,
+                                    distill)  # fmt: skip
         stale = stale_ids(
-            {t: s for t, (s, _) in self._ready.items()},
+            {t: s for t, (s, _, _) in self._ready.items()},
             self.trainer.policy_version,
             self.config.max_staleness,
         )
@@ -345,7 +385,22 @@ class TrainerProcess:
             return None
         turn_ids = list(self._ready)[: self.config.batch_size]
         picked = [self._ready[t] for t in turn_ids]
-        return StepOrder(turn_ids, [s for s, _ in picked], [p for _, p in picked])
+        distill = [d for _, _, d in picked]
+        return StepOrder(turn_ids, [s for s, _, _ in picked], [p for _, p, _ in picked],
+                         distill if any(d is not None for d in distill) else [])  # fmt: skip
+
+    def _distillation(self, turn: TurnRecord, j: JudgmentRecord) -> Distillation | None:
+        """Rank 0: the turn's :class:`Distillation` (``None``: its block cannot be cut out,
+        logged). A hinted teacher prompt too long for the context leaves the hint out: the
+        memory alone teaches (what the turn was shown always fits)."""
+        assert self.tokenizer is not None, "the rank that reads the store has it"
+        placement = self.needs.hint_placement
+        d = distillation(self.tokenizer, turn, j.hint or None, placement)
+        if d is not None and len(d.teacher_prompt) + len(turn.completion_ids) > self.max_context:
+            log.warning("hinted memory prompt of %s is too long to score: the memory alone "
+                        "teaches", turn.id)  # fmt: skip
+            d = distillation(self.tokenizer, turn, None, placement)
+        return d
 
     # ---------------------------------------------------------------- every rank
 
@@ -366,9 +421,14 @@ class TrainerProcess:
     def step(self, order: StepOrder) -> dict[str, float]:
         """One step on every rank (module docstring); returns its metrics. Collective."""
         t0 = time.perf_counter()
+        base = self.needs.teacher == "base"
         samples = with_teacher(self.trainer, list(order.samples), list(order.teacher_prompts),
-                               base=self.needs.teacher == "base")  # fmt: skip
+                               base=base)  # fmt: skip
         drops = {k: float(v) for k, v in self.drops.items()}
+        if order.distill:  # every rank: the forward passes are collective
+            samples, gaps = with_distillation(self.trainer, samples, list(order.distill),
+                                              base=base)  # fmt: skip
+            drops.update(self._record_gaps(order, gaps))
         metrics = self.learner.step(samples, order.turn_ids, metrics=drops)
         if self.env.is_main:
             for t in order.turn_ids:
@@ -376,6 +436,31 @@ class TrainerProcess:
             metrics["time/step_total"] = time.perf_counter() - t0
             self.out(step_line(metrics, self.env.world_size, sum(self.drops.values())))
         return metrics
+
+    def _record_gaps(self, order: StepOrder, gaps: list[float | None]) -> dict[str, float]:
+        """The step's distillation metrics; rank 0 records each distilled turn's gap in the
+        memory before the step (the gaps of the weights it starts from), which may retire
+        entries. The memory's bookkeeping never stops training."""
+        measured = [g for g in gaps if g is not None]
+        if not measured:
+            return {}
+        out = {"distill/samples": float(len(measured)),
+               "distill/gap": sum(measured) / len(measured)}  # fmt: skip
+        if self.memory is None:  # ranks other than 0
+            return out
+        seen = [(t, d.entries, g) for t, d, g in zip(order.turn_ids, order.distill, gaps,
+                                                     strict=True)
+                if d is not None and g is not None]  # fmt: skip
+        try:
+            retired = self.memory.record_distillation(seen, step=self.trainer.step + 1)
+        except Exception:
+            log.exception("recording the memory's distillation gaps")
+        else:
+            out["memory/retired"] = float(len(retired))
+            for e in retired:
+                self.out(f"{time.strftime('%H:%M:%S')} memory: retired {e.id[:8]} {e.text!r}: "
+                         f"{e.end_reason}")  # fmt: skip
+        return out
 
     def _published_line(self, record: PolicyVersionRecord) -> None:
         """Rank 0: the console line of a version recorded in the store."""
