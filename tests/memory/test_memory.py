@@ -73,6 +73,21 @@ SAME_WISH = [
     ("Not so long please.", "Keep it short."),
     ("Avoid long explanations.", "Keep it brief."),
     ("Stop being so verbose.", "Keep it short."),
+    # the parent scenario's replies (demo, seed 0): "one more thing", "more concise" and a
+    # described complaint ("it's a bit long", "that's more than I need") name no longer / more
+    ("That's helpful, but please end with a line that says Answer: and the number. One more "
+     "thing: could you make it more concise, please?",
+     "Thank you, but I need the last line to be Answer: followed by the number. Could you say "
+     "it in fewer words?"),
+    ("Same problem as before, I need the steps numbered 1, 2, 3 so I can read them out. One "
+     "more thing: please be briefer.",
+     "Same problem as before, I need the last line to be Answer: followed by the number. "
+     "That's more than I need, please shorten it."),
+    ("This is still not right: could you make it more concise, please? Lastly, please show the "
+     "working as numbered steps.",
+     "Please finish with the answer on its own line, starting with Answer: Please give me "
+     "numbered steps rather than a paragraph. It's a bit long, could you keep it under 120 "
+     "words?"),
     ("Don't skip the steps.", "Show every step."),
     ("Don't forget the units.", "Include the units."),
     ("Show the units too. Short answers please.", "Keep it short."),
@@ -89,6 +104,10 @@ OPPOSED = [
     ("Keep it as short as possible.", "Give a long, detailed answer."),
     ("No headings in the answer, please.", "Use headings in the answer."),
     ("Stop using headings in the answer.", "Use headings in the answer."),
+    # a described complaint still asks for the other side, and "more" before a noun is more
+    ("It's a bit short, give me a longer answer.", "Keep it short."),
+    ("That's very brief, more detail please.", "Keep it brief, less detail."),
+    ("Not so long please.", "Give a long, detailed answer."),
 ]
 
 

@@ -19,7 +19,8 @@ checked by reading them:
   :data:`NEGATION_TOPIC_F1`). The newer directive replaces the older entry ("longer answers
   please" after "keep it short"). Read clause by clause (:func:`_analyse`): a complaint names
   the direction it wants, not the word it uses ("too long" asks for shorter; "avoid long
-  explanations" too), and a complaint's "not fixed", "still no good" or "no offense" is not a
+  explanations" too; "it's a bit long", "that's very formal" as well), and a complaint's "not
+  fixed", "still no good" or "no offense" is not a
   negated directive: a user saying the same wish again, annoyed, does not contradict it.
 * Otherwise the directive is a new entry; past the cap, the entry updated least recently is
   evicted.
@@ -88,6 +89,20 @@ _NEGATED_CLAUSE = re.compile(
 "never say 'we'", "without the asterisks"); "not fixed", "still no good", "no more than 60
 words" and "no offense" say nothing of the kind."""
 _MULTIPLIER = frozenset(["half", "twice", "times", "quarter", "third", "double"])
+_DEGREE = frozenset(["more", "less", "fewer"])
+_NOT_AMOUNT = frozenset(["thing", "time", "question", "request", "point", "tip"])
+_COMPLAINT_DEGREE = frozenset(
+    ["too", "bit", "little", "so", "very", "really", "quite", "rather", "pretty", "kinda",
+     "overly", "way"]
+)  # fmt: skip
+"""A direction word after one of these describes what is wrong ("a bit long", "way too
+formal"): the complaint asks for the other side."""
+_DESCRIBES = re.compile(
+    r"^(?:it'?s|it is|that'?s|that is|this is|this'?s|thats|its|the answer is|your answer is)\b",
+    re.I,
+)
+"""A clause that describes the answer ("it's long", "that's a lot of detail"): a direction word
+in its first words is the complaint, not the wish."""
 _DIRECTION = frozenset(w for pair in OPPOSITES for side in pair for w in side)
 
 
@@ -124,17 +139,22 @@ def _analyse(text: str) -> tuple[set[int], bool]:
         core = _CLAUSE_LEAD.sub("", clause.strip().strip("\"'\u201c\u201d")).strip()
         neg = bool(_NEGATED_CLAUSE.match(core))
         flip_all = neg or bool(re.match(r"not\b", core, re.I))
+        described = bool(_DESCRIBES.match(core))  # "it's a bit long": a complaint, too
         words = re.findall(r"[a-z']+", core.lower())
         found = False
         for k, w in enumerate(words):
             before = words[k - 1] if k else ""
             if before == "as" and k >= 2 and words[k - 2] in _MULTIPLIER:
                 continue
+            after = words[k + 1] if k + 1 < len(words) else ""
+            if w in _DEGREE and (before == "one" or after in _DIRECTION or after in _NOT_AMOUNT):
+                continue  # "one more thing", "more concise" (the next word has the direction)
             for i, pair in enumerate(OPPOSITES):
                 for side, ws in enumerate(pair):
                     if w in ws:
                         found = True
-                        flipped = (before == "too") != flip_all
+                        complaint = before in _COMPLAINT_DEGREE or (described and k <= 4)
+                        flipped = complaint or flip_all  # "not so long": still shorter
                         sides.add(2 * i + (1 - side if flipped else side))
         negated = negated or (neg and not found)
     return sides, negated
