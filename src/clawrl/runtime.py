@@ -362,7 +362,8 @@ def build_runtime(
     if config.memory.distill and external:
         raise ConfigError(
             "with server.external_trainer the trainer process distils the memory: give it "
-            "there (clawrl train --method combine --distill) and serve with --memory alone"
+            "there (clawrl train --method combine --distill) and serve with --memory alone "
+            "(--set memory.distill=false here when a shared config file sets it)"
         )
     if config.memory.distill and not (method.trains and online):
         raise ConfigError(

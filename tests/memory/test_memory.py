@@ -73,6 +73,10 @@ SAME_WISH = [
     ("Not so long please.", "Keep it short."),
     ("Avoid long explanations.", "Keep it brief."),
     ("Stop being so verbose.", "Keep it short."),
+    ("Make it a bit shorter.", "Keep it short."),
+    ("A bit more detail please.", "Give more detail."),
+    ("Make it less verbose.", "Keep it short."),
+    ("I read these aloud so short answers please.", "Keep it short."),
     # the parent scenario's replies (demo, seed 0): "one more thing", "more concise" and a
     # described complaint ("it's a bit long", "that's more than I need") name no longer / more
     ("That's helpful, but please end with a line that says Answer: and the number. One more "
@@ -108,6 +112,10 @@ OPPOSED = [
     ("It's a bit short, give me a longer answer.", "Keep it short."),
     ("That's very brief, more detail please.", "Keep it brief, less detail."),
     ("Not so long please.", "Give a long, detailed answer."),
+    # found by a review: a comparative after a degree word is the wish, "less X" the other side
+    ("Give longer answers.", "Keep it very short."),
+    ("Make it less verbose.", "Give a long, detailed answer."),
+    ("It's better longer, with every step.", "Keep it brief."),
 ]
 
 

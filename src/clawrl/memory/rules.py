@@ -91,12 +91,28 @@ words" and "no offense" say nothing of the kind."""
 _MULTIPLIER = frozenset(["half", "twice", "times", "quarter", "third", "double"])
 _DEGREE = frozenset(["more", "less", "fewer"])
 _NOT_AMOUNT = frozenset(["thing", "time", "question", "request", "point", "tip"])
-_COMPLAINT_DEGREE = frozenset(
-    ["too", "bit", "little", "so", "very", "really", "quite", "rather", "pretty", "kinda",
-     "overly", "way"]
-)  # fmt: skip
-"""A direction word after one of these describes what is wrong ("a bit long", "way too
-formal"): the complaint asks for the other side."""
+_POSITIVE = frozenset(
+    [
+        "short",
+        "brief",
+        "concise",
+        "terse",
+        "long",
+        "detailed",
+        "verbose",
+        "elaborate",
+        "simple",
+        "plain",
+        "complex",
+        "technical",
+        "formal",
+        "casual",
+        "informal",
+    ]
+)
+"""Direction words in their plain form: in a description ("it's a bit long") they name what is
+wrong; a comparative ("it's better longer") names the wish."""
+_QUALIFIED = re.compile(r"\b(?:not|enough|better|fine|ok|okay|good|right|perfect|great)\b", re.I)
 _DESCRIBES = re.compile(
     r"^(?:it'?s|it is|that'?s|that is|this is|this'?s|thats|its|the answer is|your answer is)\b",
     re.I,
@@ -139,22 +155,32 @@ def _analyse(text: str) -> tuple[set[int], bool]:
         core = _CLAUSE_LEAD.sub("", clause.strip().strip("\"'\u201c\u201d")).strip()
         neg = bool(_NEGATED_CLAUSE.match(core))
         flip_all = neg or bool(re.match(r"not\b", core, re.I))
-        described = bool(_DESCRIBES.match(core))  # "it's a bit long": a complaint, too
+        # "it's a bit long": a description of what is wrong, unless it says what is fine
+        described = bool(_DESCRIBES.match(core)) and not _QUALIFIED.search(core)
         words = re.findall(r"[a-z']+", core.lower())
         found = False
+        flip_next = False
         for k, w in enumerate(words):
             before = words[k - 1] if k else ""
             if before == "as" and k >= 2 and words[k - 2] in _MULTIPLIER:
                 continue
             after = words[k + 1] if k + 1 < len(words) else ""
-            if w in _DEGREE and (before == "one" or after in _DIRECTION or after in _NOT_AMOUNT):
-                continue  # "one more thing", "more concise" (the next word has the direction)
+            if w in _DEGREE and (before == "one" or after in _NOT_AMOUNT):
+                continue  # "one more thing"
+            if w in _DEGREE and after in _DIRECTION:
+                flip_next = w != "more"  # "more concise": concise; "less verbose": shorter
+                continue
+            flip, flip_next = flip_next, False
             for i, pair in enumerate(OPPOSITES):
                 for side, ws in enumerate(pair):
                     if w in ws:
                         found = True
-                        complaint = before in _COMPLAINT_DEGREE or (described and k <= 4)
-                        flipped = complaint or flip_all  # "not so long": still shorter
+                        complaint = (
+                            before == "too"
+                            or (described and k <= 4 and w in _POSITIVE)
+                            or (w == "more" and after == "than")  # "more than I need"
+                        )
+                        flipped = complaint or flip_all or flip  # "not so long": still shorter
                         sides.add(2 * i + (1 - side if flipped else side))
         negated = negated or (neg and not found)
     return sides, negated

@@ -440,7 +440,8 @@ class TrainerProcess:
     def _record_gaps(self, order: StepOrder, gaps: list[float | None]) -> dict[str, float]:
         """The step's distillation metrics; rank 0 records each distilled turn's gap in the
         memory before the step (the gaps of the weights it starts from), which may retire
-        entries. The memory's bookkeeping never stops training."""
+        entries. The memory's bookkeeping never stops training, but a trainer that lost the
+        store's lease stops before it writes (:meth:`TrainerLease.check`)."""
         measured = [g for g in gaps if g is not None]
         if not measured:
             return {}
@@ -451,6 +452,8 @@ class TrainerProcess:
         seen = [(t, d.entries, g) for t, d, g in zip(order.turn_ids, order.distill, gaps,
                                                      strict=True)
                 if d is not None and g is not None]  # fmt: skip
+        if self.lease is not None:
+            self.lease.check()  # fencing: a trainer that lost the lease retires nothing
         try:
             retired = self.memory.record_distillation(seen, step=self.trainer.step + 1)
         except Exception:
