@@ -202,14 +202,8 @@ class OnlineLearner:
         always fits)."""
         if self.memory is None or not turn.memory:
             return None
-        d = distillation(self.tokenizer, turn, j.hint or None, self.needs.hint_placement)
-        if d is not None and len(d.teacher_prompt) + len(turn.completion_ids) > (
-            self.engine.max_context
-        ):
-            log.warning("hinted memory prompt of %s is too long to score: the memory alone "
-                        "teaches", turn.id)  # fmt: skip
-            d = distillation(self.tokenizer, turn, None, self.needs.hint_placement)
-        return d
+        return distillation(self.tokenizer, turn, j.hint or None, self.needs.hint_placement,
+                            max_context=self.engine.max_context)  # fmt: skip
 
     async def _teacher_logprobs(self, turn: TurnRecord, hint: str) -> list[float]:
         prompt = teacher_prompt_ids(self.tokenizer, turn, hint, self.needs.hint_placement)

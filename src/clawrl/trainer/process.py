@@ -44,11 +44,9 @@ from clawrl.config import SampleNeeds, TrainerConfig
 from clawrl.errors import ClawrlError, ConfigError, TrainerError
 from clawrl.store import (
     DropReason,
-    JudgmentRecord,
     PolicyVersionRecord,
     SampleRecord,
     Store,
-    TurnRecord,
     WeightsKind,
 )
 from clawrl.store.leases import TRAINER_LEASE, Lease, holder_is_dead_here, lease_holder
@@ -337,7 +335,12 @@ class TrainerProcess:
             distilled = self.memory is not None and bool(turn.memory)
             reason = decide(turn, j, self.needs, lag=lag, max_staleness=self.config.max_staleness,
                             distilled=distilled)  # fmt: skip
-            distill = self._distillation(turn, j) if reason is None and distilled else None
+            distill = None
+            if reason is None and distilled:
+                assert self.tokenizer is not None, "the rank that reads the store has it"
+                distill = distillation(self.tokenizer, turn, j.hint or None,
+                                       self.needs.hint_placement,
+                                       max_context=self.max_context)  # fmt: skip
             if reason is None and distilled and distill is None:  # the block cannot be cut out
                 reason = decide(turn, j, self.needs, lag=lag,
                                 max_staleness=self.config.max_staleness)  # fmt: skip
@@ -388,19 +391,6 @@ class TrainerProcess:
         distill = [d for _, _, d in picked]
         return StepOrder(turn_ids, [s for s, _, _ in picked], [p for _, p, _ in picked],
                          distill if any(d is not None for d in distill) else [])  # fmt: skip
-
-    def _distillation(self, turn: TurnRecord, j: JudgmentRecord) -> Distillation | None:
-        """Rank 0: the turn's :class:`Distillation` (``None``: its block cannot be cut out,
-        logged). A hinted teacher prompt too long for the context leaves the hint out: the
-        memory alone teaches (what the turn was shown always fits)."""
-        assert self.tokenizer is not None, "the rank that reads the store has it"
-        placement = self.needs.hint_placement
-        d = distillation(self.tokenizer, turn, j.hint or None, placement)
-        if d is not None and len(d.teacher_prompt) + len(turn.completion_ids) > self.max_context:
-            log.warning("hinted memory prompt of %s is too long to score: the memory alone "
-                        "teaches", turn.id)  # fmt: skip
-            d = distillation(self.tokenizer, turn, None, placement)
-        return d
 
     # ---------------------------------------------------------------- every rank
 

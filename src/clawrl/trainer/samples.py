@@ -138,6 +138,8 @@ def distillation(
     turn: TurnRecord,
     hint: str | None,
     placement: HintPlacement,
+    *,
+    max_context: int | None = None,
 ) -> Distillation | None:
     """The :class:`Distillation` of a turn sampled with a memory block (``None``: the turn had
     none, or the block cannot be cut out of its ids, logged).
@@ -146,7 +148,8 @@ def distillation(
     replaced: the recorded messages and the client's are rendered (same tools), their common
     token prefix and suffix bracket the block, and the turn's ids must hold the rendered
     prefix and block exactly; what follows (spliced history ids, a tool-call prefill) is kept
-    as sampled.
+    as sampled. With ``max_context``, a hinted teacher prompt that with the completion would
+    not fit leaves the hint out (logged): the memory alone teaches.
     """
     if not turn.memory:
         return None
@@ -168,6 +171,11 @@ def distillation(
         return None
     memory_prompt = list(turn.prompt_ids)
     teacher = teacher_prompt_ids(tokenizer, turn, hint, placement) if hint else memory_prompt
+    if hint and max_context is not None and len(teacher) + len(turn.completion_ids) > max_context:
+        # what the turn was shown always fits: the memory alone teaches
+        log.warning("hinted memory prompt of %s is too long to score: the memory alone "
+                    "teaches", turn.id)  # fmt: skip
+        teacher, hint = memory_prompt, None
     return Distillation(
         student_prompt=student,
         memory_prompt=memory_prompt,

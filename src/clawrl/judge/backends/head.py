@@ -6,8 +6,9 @@ backend's own copy), then each vote ``i`` is probe ``i`` of the :class:`~clawrl.
 HeadSet` — its own feature set and bootstrap resample, so the votes are independent
 classifiers. A vote below the head set's ``min_confidence`` abstains (``low_margin``). A
 program's empty output (0) and its non-zero exit status (-1) are judged without a model call
-(:func:`clawrl.judge.rules.program_rule`), as the choice judge does. Hints (``hints="bad-or-gate"``, the default): a vote that scores -1 or whose trained hint gate
-fires carries the directive sentences :func:`clawrl.judge.hints.extract_directive` copies from
+(:func:`clawrl.judge.rules.program_rule`), as the choice judge does. Hints
+(``hints="bad-or-gate"``, the default): a vote that scores -1 or whose trained hint gate fires
+carries the directive sentences :func:`clawrl.judge.hints.extract_directive` copies from
 the next state, read as a correction where the vote scores -1 (request forms then count;
 otherwise only strong markers and a turn from praise to a request do), and the judge keeps a
 hint that a quorum of votes carries (:func:`clawrl.judge.hints.select_hint`). With
