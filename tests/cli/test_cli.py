@@ -77,11 +77,22 @@ def test_config_file_and_overrides(tmp_path):
         (["server.nope=1"], "server.nope"),
         (["port=1"], "must name a section"),
         (["server.port"], "section.key=value"),
+        (["judge.backend.url=x"], "judge.backend.url: Extra inputs"),
+        (['judge.backend={kind="openai", model="m"}'], "judge.backend.url: Field required"),
     ],
 )
 def test_bad_config_names_the_field(overrides, needle):
     with pytest.raises(ConfigError, match=needle.replace(".", r"\.")):
         load_config(None, overrides)
+
+
+def test_a_dotted_judge_backend_setting_is_the_default_backends():
+    """``--set judge.backend.hints=gate`` alone names no kind: it is the head judge's setting
+    (it failed on the union's discriminator), and another kind's table keeps its own kind."""
+    cfg = load_config(None, ["judge.backend.hints=gate"])
+    assert (cfg.judge.backend.kind, cfg.judge.backend.hints) == ("head", "gate")
+    cfg = load_config(None, ['judge.backend={kind="openai", url="http://x/v1", model="m"}'])
+    assert cfg.judge.backend.kind == "openai"
 
 
 def test_bad_toml(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 
 import pytest
@@ -76,8 +77,25 @@ def test_head_backend_train_then_eval(capsys, tmp_path, tiny_dir, few_cases):
     assert "sign errors" in text
     metrics = json.loads(text.strip().splitlines()[-1])
     assert metrics["eval/cases"] == 4 and metrics["judge/votes"] == 4
+    assert "hints looked for by" in text and "bad-or-gate votes" in text
+    # a dotted --set of the head's rule names no kind: it is the head judge's
+    assert main([*args, "--set", "judge.backend.hints=gate"]) == 0
+    assert "gate votes" in capsys.readouterr().out
     assert main(["judge", "eval", "--cases", str(few_cases), "--model", str(tiny_dir)]) == 1
     assert "clawrl judge train" in capsys.readouterr().err
+
+
+def test_eval_takes_votes_and_quorum_from_the_config(capsys, tiny_dir, few_cases):
+    """Without --votes the judge's settings come from --set / --config (they were replaced)."""
+    args = ["judge", "eval", "--cases", str(few_cases), "--backend", "choice", "--model",
+            str(tiny_dir), "--set", "judge.votes=2", "--set", "judge.hint_quorum=1.0",
+            "--json"]  # fmt: skip
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert json.loads(text.strip().splitlines()[-1])["judge/votes"] == 2
+    assert re.search(r"hint quorum\s*│\s*1\s", text)
+    assert main([*args[:-1], "--votes", "1", "--json"]) == 0  # the flag wins
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["judge/votes"] == 1
 
 
 def test_openai_backend_needs_url_and_model(capsys, few_cases):

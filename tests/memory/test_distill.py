@@ -341,3 +341,51 @@ def test_a_turn_counts_once_and_a_changed_entry_keeps_its_change(world):
     assert keeper.record_distillation([("t2", ids[1:], 0.0), ("t3", ids[1:], 0.0)], step=2) == []
     gone = store.get_memory_entry(ids[1])
     assert gone.status == MemoryStatus.FORGOTTEN and ENTRIES[1] not in gone.text
+
+
+class _Keeper:
+    """Records what record_gaps asks of the memory; ``fail`` makes the memory raise."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.calls: list[tuple[list[tuple[str, tuple[str, ...], float]], int]] = []
+        self.fail = fail
+
+    def record_distillation(self, seen, *, step):
+        if self.fail:
+            raise RuntimeError("store gone")
+        self.calls.append((list(seen), step))
+        return ["retired-entry"]
+
+
+def test_record_gaps_is_one_rule_for_both_learners(caplog):
+    """``record_gaps`` (the in-process learner and ``clawrl train`` both call it): the mean gap
+    of the distilled samples only, each distilled turn recorded with its block's entries, a
+    lease check before the store is written that stops the write when it raises, and a memory
+    error logged, never raised."""
+    from clawrl.trainer.samples import Distillation, record_gaps
+
+    part = Distillation([1], [1, 2], [1, 2], ("e1", "e2"))
+    ids, parts, gaps = ["t1", "t2", "t3"], [part, None, part], [0.2, None, 0.4]
+    assert record_gaps(_Keeper(), ids, [None] * 3, [None] * 3, step=1) == ({}, [])
+    metrics, retired = record_gaps(None, ids, parts, gaps, step=3)  # a rank other than 0
+    assert metrics == {"distill/samples": 2.0, "distill/gap": pytest.approx(0.3)}
+    assert retired == []
+    keeper = _Keeper()
+    metrics, retired = record_gaps(keeper, ids, parts, gaps, step=3)
+    assert keeper.calls == [([("t1", ("e1", "e2"), 0.2), ("t3", ("e1", "e2"), 0.4)], 3)]
+    assert metrics["memory/retired"] == 1.0 and retired == ["retired-entry"]
+
+    class LostLease(Exception):
+        pass
+
+    def lost() -> None:
+        raise LostLease
+
+    keeper = _Keeper()
+    with pytest.raises(LostLease):
+        record_gaps(keeper, ids, parts, gaps, step=3, before_write=lost)
+    assert keeper.calls == []
+    with caplog.at_level(logging.ERROR):
+        metrics, retired = record_gaps(_Keeper(fail=True), ids, parts, gaps, step=3)
+    assert "memory/retired" not in metrics and retired == []
+    assert "recording the memory's distillation gaps" in caplog.text

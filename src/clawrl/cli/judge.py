@@ -62,7 +62,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "whose hint gate fires; the default) or gate (only votes whose gate fires, the earlier "
         "rule)",
     )
-    e.add_argument("--votes", type=int, default=5, metavar="M", help="votes per judgment (5)")
+    e.add_argument(
+        "--votes",
+        type=int,
+        metavar="M",
+        help="votes per judgment (judge.votes of --config / --set, else 5)",
+    )
     e.add_argument(
         "--model",
         help="the judge's own model (default: the head's; choice/generative: model.spec)",
@@ -219,7 +224,6 @@ def run_eval(args: argparse.Namespace) -> int:
     from clawrl.runtime import build_judge
 
     backend_cfg = _backend_config(args)
-    prefixes = _prefixes(args.prefixes, args.votes)
     cases = load_cases(_cases_path(args.cases))
     if args.limit is not None:
         cases = cases[: args.limit]
@@ -230,15 +234,21 @@ def run_eval(args: argparse.Namespace) -> int:
         given = {k: getattr(cfg.judge.backend, k) for k in cfg.judge.backend.model_fields_set}
         given.update(backend_cfg.model_dump(exclude_unset=True))
         backend_cfg = type(backend_cfg)(**given)
+    votes = args.votes if args.votes is not None else cfg.judge.votes
+    prefixes = _prefixes(args.prefixes, votes)
     # --model names the judge's own model: explicit, so a head trained on another backbone is
-    # refused (runtime.judge_model_spec); unset, the head reads the model it was trained on
-    cfg = cfg.model_copy(
-        update={
-            "judge": JudgeConfig(
-                backend=backend_cfg, model=args.model, votes=args.votes, timeout_s=args.timeout
-            )
+    # refused (runtime.judge_model_spec); unset, the head reads the model it was trained on.
+    # The rest of the judge's settings (hint_quorum, ...) come from --config / --set.
+    judge_cfg = JudgeConfig.model_validate(
+        {
+            **cfg.judge.model_dump(exclude={"backend"}),
+            "backend": backend_cfg,
+            "model": args.model if args.model is not None else cfg.judge.model,
+            "votes": votes,
+            "timeout_s": args.timeout,
         }
     )
+    cfg = cfg.model_copy(update={"judge": judge_cfg})
     if args.backend != "openai":
         quiet_transformers()
     with err.status(f"loading the {args.backend} judge"):
@@ -246,7 +256,7 @@ def run_eval(args: argparse.Namespace) -> int:
     assert bundle.prm is not None
     judge = bundle.prm
 
-    label = f"{args.backend}, m={args.votes}"
+    label = f"{args.backend}, m={votes}"
 
     async def go() -> Any:
         with err.status(f"judging {len(cases)} cases ({label})") as status:
@@ -272,6 +282,10 @@ def run_eval(args: argparse.Namespace) -> int:
     summary.add_column("metric")
     summary.add_column("value", justify="right")
     summary.add_row("cases", str(report.n))
+    hints_from = getattr(cfg.judge.backend, "hints", None)  # the head judge's rule
+    if hints_from is not None:
+        summary.add_row("hints looked for by", f"{hints_from} votes")
+    summary.add_row("hint quorum", f"{cfg.judge.hint_quorum:g}")
     summary.add_row("accuracy", _fmt(report.accuracy))
     summary.add_row("coverage (judged)", _fmt(report.coverage))
     summary.add_row("accuracy on judged", _fmt(report.judged_accuracy))

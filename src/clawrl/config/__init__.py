@@ -27,7 +27,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from clawrl.config.harness import HarnessConfig
-from clawrl.config.judge import JudgeConfig
+from clawrl.config.judge import JUDGE_BACKEND_KINDS, JudgeConfig
 from clawrl.config.method import (
     METHOD_KINDS,
     SHORTHANDS,
@@ -464,10 +464,11 @@ def error_lines(error: ValidationError) -> list[str]:
             if prefix in matched_unions and (prefix, name) in wrong_kind:
                 continue
             loc = (*prefix, *loc[len(prefix) + 1 :])
-        if "method" in loc:  # drop the discriminator tag pydantic puts after it (method.rl.loss)
-            i = loc.index("method") + 1
-            if i < len(loc) and loc[i] in METHOD_KINDS:
-                loc = loc[:i] + loc[i + 1 :]
+        for union, tags in (("method", METHOD_KINDS), ("backend", JUDGE_BACKEND_KINDS)):
+            if union in loc:  # drop the discriminator tag pydantic puts after it (method.rl.loss)
+                i = loc.index(union) + 1
+                if i < len(loc) and loc[i] in tags:
+                    loc = loc[:i] + loc[i + 1 :]
         line = f"  {'.'.join(str(x) for x in loc)}: {err['msg']}"
         if err["type"] == "extra_forbidden":
             line += _known_keys_hint(loc)

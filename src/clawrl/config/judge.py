@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class _Section(BaseModel):
@@ -91,6 +91,10 @@ BackendConfig = Annotated[
 ]
 
 
+JUDGE_BACKEND_KINDS = ("head", "generative", "choice", "openai")
+"""The ``kind`` tags of :data:`BackendConfig`."""
+
+
 def _default_backend() -> BackendConfig:
     return HeadJudgeConfig()
 
@@ -99,7 +103,8 @@ class JudgeConfig(_Section):
     """The PRM judge."""
 
     backend: BackendConfig = Field(
-        default_factory=_default_backend, description="Which backend produces the votes."
+        default_factory=_default_backend,
+        description="Which backend produces the votes (a table without kind is the default, head).",
     )
     model: str | None = Field(
         default=None, description="Local judge model spec; None: the policy's base weights."
@@ -114,6 +119,16 @@ class JudgeConfig(_Section):
     timeout_s: float = Field(
         default=60.0, gt=0.0, le=3600.0, description="Wall-clock limit of one judgment (seconds)."
     )
+
+    @field_validator("backend", mode="before")
+    @classmethod
+    def _default_kind(cls, value: object) -> object:
+        """A backend table without ``kind`` is the default backend's (``--set
+        judge.backend.hints=gate`` changes the head judge's setting)."""
+        if isinstance(value, dict) and "kind" not in value:
+            return {"kind": "head", **value}
+        return value
+
     hint_quorum: float = Field(
         default=0.5, ge=0.0, le=1.0, description="Fraction of valid votes that must carry a hint."
     )

@@ -46,6 +46,7 @@ from clawrl.trainer.samples import (
     hinted_messages,
     make_sample,
     published,
+    record_gaps,
     scored,
     stale_ids,
     teacher_prompt_ids,
@@ -322,21 +323,9 @@ class OnlineLearner:
             samples = with_teacher(self.trainer, samples, prompts, base=base)
             samples, gaps = with_distillation(self.trainer, samples, parts, base=base)
             drops = {**drops, "time/teacher_scoring": time.perf_counter() - t0}
-        measured = [g for g in gaps if g is not None]
-        if measured:
-            drops["distill/samples"] = float(len(measured))
-            drops["distill/gap"] = sum(measured) / len(measured)
-        if self.memory is not None and measured:
-            # the gaps are those of the weights this step starts from: recorded before it (a
-            # retried step records a turn once: the keeper skips turns it has)
-            seen = [(t, p.entries, g) for t, p, g in zip(turn_ids, parts, gaps, strict=True)
-                    if p is not None and g is not None]  # fmt: skip
-            try:
-                retired = self.memory.record_distillation(seen, step=self.trainer.step + 1)
-            except Exception:  # the memory's bookkeeping never stops training
-                log.exception("recording the memory's distillation gaps")
-            else:
-                drops["memory/retired"] = float(len(retired))
+        gap_metrics, _ = record_gaps(self.memory, turn_ids, parts, gaps,
+                                     step=self.trainer.step + 1)  # fmt: skip
+        drops = {**drops, **gap_metrics}
         metrics = self.learner.step(samples, turn_ids, metrics=drops)
         if hinted:  # the step's time includes its teacher's
             metrics["time/step_total"] = time.perf_counter() - t0

@@ -60,6 +60,7 @@ from clawrl.trainer.samples import (
     distillation,
     drop_record,
     make_sample,
+    record_gaps,
     scored,
     stale_ids,
     teacher_prompt_ids,
@@ -432,28 +433,14 @@ class TrainerProcess:
         memory before the step (the gaps of the weights it starts from), which may retire
         entries. The memory's bookkeeping never stops training, but a trainer that lost the
         store's lease stops before it writes (:meth:`TrainerLease.check`)."""
-        measured = [g for g in gaps if g is not None]
-        if not measured:
-            return {}
-        out = {"distill/samples": float(len(measured)),
-               "distill/gap": sum(measured) / len(measured)}  # fmt: skip
-        if self.memory is None:  # ranks other than 0
-            return out
-        seen = [(t, d.entries, g) for t, d, g in zip(order.turn_ids, order.distill, gaps,
-                                                     strict=True)
-                if d is not None and g is not None]  # fmt: skip
-        if self.lease is not None:
-            self.lease.check()  # fencing: a trainer that lost the lease retires nothing
-        try:
-            retired = self.memory.record_distillation(seen, step=self.trainer.step + 1)
-        except Exception:
-            log.exception("recording the memory's distillation gaps")
-        else:
-            out["memory/retired"] = float(len(retired))
-            for e in retired:
-                self.out(f"{time.strftime('%H:%M:%S')} memory: retired {e.id[:8]} {e.text!r}: "
-                         f"{e.end_reason}")  # fmt: skip
-        return out
+        metrics, retired = record_gaps(
+            self.memory, order.turn_ids, list(order.distill), gaps, step=self.trainer.step + 1,
+            before_write=self.lease.check if self.lease is not None else None,
+        )  # fmt: skip
+        for e in retired:
+            self.out(f"{time.strftime('%H:%M:%S')} memory: retired {e.id[:8]} {e.text!r}: "
+                     f"{e.end_reason}")  # fmt: skip
+        return metrics
 
     def _published_line(self, record: PolicyVersionRecord) -> None:
         """Rank 0: the console line of a version recorded in the store."""

@@ -62,8 +62,12 @@ from clawrl.store import (
 from clawrl.trainer.types import TrainSample
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
     from transformers import PreTrainedTokenizerBase
 
+    from clawrl.memory import MemoryKeeper
+    from clawrl.store import MemoryEntryRecord
     from clawrl.trainer.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -401,3 +405,51 @@ def with_distillation(
                                      student_logprobs=student[k])  # fmt: skip
         gaps[i] = mean_gap(memory[k], student[k])
     return out, gaps
+
+
+def record_gaps(
+    memory: MemoryKeeper | None,
+    turn_ids: Sequence[str],
+    parts: Sequence[Distillation | None],
+    gaps: Sequence[float | None],
+    *,
+    step: int,
+    before_write: Callable[[], None] | None = None,
+) -> tuple[dict[str, float], list[MemoryEntryRecord]]:
+    """A step's distillation metrics (``distill/samples``, ``distill/gap``: the mean of the
+    :func:`mean_gap` of its distilled turns), and, with a ``memory``, each distilled turn's gap
+    recorded there (:meth:`clawrl.memory.MemoryKeeper.record_distillation`), which may retire
+    entries (``memory/retired``). Both learners call it before their step: the gaps are those of
+    the weights the step starts from (a retried step records a turn once: the keeper skips the
+    turns it has).
+
+    Args:
+        memory: the keeper that records, or None (a rank other than 0: metrics only).
+        turn_ids, parts, gaps: aligned per sample (``parts[i]`` / ``gaps[i]`` None when sample
+            ``i`` is not distilled).
+        step: the step being trained (1-based).
+        before_write: called before the store is written (``clawrl train``'s lease check); what
+            it raises propagates (fencing: a trainer that lost the lease retires nothing).
+
+    Returns:
+        ``(metrics, retired entries)``; ``({}, [])`` when no sample was distilled. An error of
+        the memory's bookkeeping is logged, never raised: it does not stop training.
+    """
+    measured = [g for g in gaps if g is not None]
+    if not measured:
+        return {}, []
+    metrics = {"distill/samples": float(len(measured)),
+               "distill/gap": sum(measured) / len(measured)}  # fmt: skip
+    if memory is None:
+        return metrics, []
+    seen = [(t, p.entries, g) for t, p, g in zip(turn_ids, parts, gaps, strict=True)
+            if p is not None and g is not None]  # fmt: skip
+    if before_write is not None:
+        before_write()
+    try:
+        retired = memory.record_distillation(seen, step=step)
+    except Exception:
+        log.exception("recording the memory's distillation gaps")
+        return metrics, []
+    metrics["memory/retired"] = float(len(retired))
+    return metrics, retired
