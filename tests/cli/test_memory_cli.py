@@ -46,3 +46,15 @@ def test_memory_commands(tmp_path, capsys):
     assert "nothing to change" in capsys.readouterr().err
     assert main(["memory", "add", "x" * 501, "--store", db]) == 1
     assert "at most 500 characters, got 501" in capsys.readouterr().err
+
+
+def test_memory_list_piped_keeps_each_entry_on_one_line(tmp_path, capsys):
+    """Piped (not a terminal), the table is as wide as the longest text: grep finds a whole
+    entry on one line."""
+    db = str(tmp_path / "m.db")
+    Store(db).close()
+    text = "Lead with the number, then two casual sentences, and never use headings or bold."
+    assert main(["memory", "add", text, "--store", db]) == 0
+    capsys.readouterr()
+    assert main(["memory", "list", "--store", db]) == 0
+    assert any(text in line for line in capsys.readouterr().out.splitlines())

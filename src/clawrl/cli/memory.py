@@ -121,7 +121,10 @@ def run_list(args: argparse.Namespace) -> int:
     for e in entries:
         table.add_row(e.id[:12], str(e.status), str(e.source), str(e.support),
                       _when(e.updated_at), e.text)  # fmt: skip
-    Console().print(table)
+    console = Console()
+    if not console.is_terminal:  # piped: one line per entry, as wide as its text needs
+        console = Console(width=max(120, 80 + max(len(e.text) for e in entries)))
+    console.print(table)
     return 0
 
 

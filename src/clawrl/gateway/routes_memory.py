@@ -53,8 +53,17 @@ def _keeper(request: Request) -> MemoryKeeper:
     return gw.memory_admin
 
 
-def _not_found(entry_id: str) -> ClientInputError:
-    return ClientInputError(f"no memory entry {entry_id!r} (GET /v1/memory lists them)",
+def _not_found(entry_id: str, keeper: MemoryKeeper | None = None) -> ClientInputError:
+    """404 for ``entry_id``; when it is the start of one entry's id (``clawrl memory list``
+    shows 12 characters), the message names the full id: the API takes full ids only."""
+    more = ""
+    if keeper is not None and entry_id:
+        ids = [e.id for e in keeper.store.memory_entries(keeper.user_id, active_only=False)
+               if e.id.startswith(entry_id) and e.id != entry_id
+               and e.status != MemoryStatus.FORGOTTEN]  # fmt: skip
+        if len(ids) == 1:
+            more = f"; the API takes the full id: did you mean {ids[0]!r}?"
+    return ClientInputError(f"no memory entry {entry_id!r} (GET /v1/memory lists them){more}",
                             status=404, param="id", code="memory_entry_not_found")  # fmt: skip
 
 
@@ -92,10 +101,13 @@ async def list_memory(request: Request, all: bool = False) -> dict[str, Any]:
 @router.get("/v1/memory/{entry_id}")
 async def get_memory(entry_id: str, request: Request) -> dict[str, Any]:
     keeper = _keeper(request)
-    e = await anyio.to_thread.run_sync(keeper.store.get_memory_entry, entry_id)
-    if e is None or e.user_id != keeper.user_id:
-        raise _not_found(entry_id)
-    return entry_json(e, history=True)
+    def read() -> MemoryEntryRecord:
+        e = keeper.store.get_memory_entry(entry_id)
+        if e is None or e.user_id != keeper.user_id:
+            raise _not_found(entry_id, keeper)
+        return e
+
+    return entry_json(await anyio.to_thread.run_sync(read), history=True)
 
 
 @router.post("/v1/memory", status_code=201)
@@ -121,7 +133,7 @@ async def edit_memory(entry_id: str, body: MemoryEdit, request: Request) -> dict
         try:
             return keeper.edit(entry_id, text=body.text, active=body.active)
         except KeyError:
-            raise _not_found(entry_id) from None
+            raise _not_found(entry_id, keeper) from None
         except ValueError as e:
             raise ClientInputError(str(e), param="active" if body.active else "text") from e
 
@@ -134,7 +146,10 @@ async def edit_memory(entry_id: str, body: MemoryEdit, request: Request) -> dict
 @router.delete("/v1/memory/{entry_id}")
 async def forget_memory(entry_id: str, request: Request) -> dict[str, Any]:
     keeper = _keeper(request)
-    if not await anyio.to_thread.run_sync(keeper.forget, entry_id):
-        raise _not_found(entry_id)
+    def forget() -> None:
+        if not keeper.forget(entry_id):
+            raise _not_found(entry_id, keeper)
+
+    await anyio.to_thread.run_sync(forget)
     return {"id": entry_id, "object": "memory.entry", "deleted": True,
             "status": str(MemoryStatus.FORGOTTEN)}  # fmt: skip
