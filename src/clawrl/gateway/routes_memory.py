@@ -101,6 +101,7 @@ async def list_memory(request: Request, all: bool = False) -> dict[str, Any]:
 @router.get("/v1/memory/{entry_id}")
 async def get_memory(entry_id: str, request: Request) -> dict[str, Any]:
     keeper = _keeper(request)
+
     def read() -> MemoryEntryRecord:
         e = keeper.store.get_memory_entry(entry_id)
         if e is None or e.user_id != keeper.user_id:
@@ -146,6 +147,7 @@ async def edit_memory(entry_id: str, body: MemoryEdit, request: Request) -> dict
 @router.delete("/v1/memory/{entry_id}")
 async def forget_memory(entry_id: str, request: Request) -> dict[str, Any]:
     keeper = _keeper(request)
+
     def forget() -> None:
         if not keeper.forget(entry_id):
             raise _not_found(entry_id, keeper)
