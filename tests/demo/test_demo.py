@@ -242,3 +242,18 @@ def test_memory_arms_run_from_the_same_start_and_are_scored_with_and_without_mem
     report = write_report(results, settings, cfg, wall_s=1.0).read_text()
     assert "Memory + Combined (distilled) · weights alone" in report
     assert "## The memory" in report and "number first" in report
+
+
+def test_runs_at_once_split_the_cores(monkeypatch):
+    """--jobs N: torch's threads are the cores split between the runs at once (1 at least);
+    one run, or OMP_NUM_THREADS set by the user, leaves them alone."""
+    import os
+
+    from clawrl.demo.runner import torch_threads_per_run
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    assert torch_threads_per_run(1) is None
+    assert [torch_threads_per_run(n) for n in (2, 3, 8, 16)] == [4, 2, 1, 1]
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert torch_threads_per_run(2) is None

@@ -63,8 +63,9 @@ config.toml (what ran), results.json, and each run's store and trained adapter u
                    "(= --compare memory,combine,memory+combine)")  # fmt: skip
     p.add_argument("--seeds", type=int, default=1, help="repeat every run from seeds 0..K-1 (1)")
     p.add_argument("--jobs", type=int, default=1,
-                   help="runs at once (1); on 2 cores 2 runs take about as long together as "
-                   "one after the other, but a 3-method x 3-seed comparison needs no babysitting")  # fmt: skip
+                   help="runs at once (1), each in its own thread with the cores split between "
+                   "them (torch threads = cores // runs at once, unless OMP_NUM_THREADS is set); "
+                   "a 3-method x 3-seed comparison needs no babysitting")  # fmt: skip
     p.add_argument("--steps", type=int, help="training steps (16; --quick: 4)")
     p.add_argument("--batch-size", type=int,
                    help="samples per step (4 here to fit a laptop CPU; OpenClaw-RL uses 16; "
@@ -142,6 +143,7 @@ def run(args: argparse.Namespace) -> int:
 
     from clawrl.demo import DemoSettings, run_demo, write_report
     from clawrl.demo.report import METHOD_NAMES, score_table, with_weights_only
+    from clawrl.demo.runner import torch_threads_per_run
     from clawrl.envs import load_scenario
 
     logging.getLogger("clawrl").setLevel(logging.ERROR)
@@ -177,6 +179,10 @@ def run(args: argparse.Namespace) -> int:
         f"{'validation (training-split)' if args.validation else 'held-out'} problems at steps "
         f"{', '.join(map(str, evals))}"
     )
+    threads = torch_threads_per_run(min(settings.jobs, runs))
+    if threads is not None:
+        console.print(f"{min(settings.jobs, runs)} runs at once, {threads} torch thread(s) each "
+                      "(OMP_NUM_THREADS set by you is kept)")  # fmt: skip
     t0 = time.perf_counter()
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),

@@ -27,6 +27,7 @@ steps, Binary RL / OPD / combined) on a laptop-sized model; statistics live in
 from __future__ import annotations
 
 import copy
+import os
 import shutil
 import threading
 import time
@@ -257,7 +258,15 @@ seed 0, never the held-out problems):
 
 MEMORY_ARMS: dict[str, dict[str, Any]] = {
     "memory": {"method": "combine", "lr": 0.0, "memory": {"enabled": True}},
-    "memory+combine": {"method": "combine", "memory": {"enabled": True, "distill": True}},
+    "memory+combine": {
+        "method": "combine",
+        "memory": {"enabled": True, "distill": True},
+        # bounded off-policy updates for the distilled turns (chosen with --validation, below)
+        "method_table": {
+            "advantage": {"opd_clip": 2.0},
+            "loss": {"eps_high": 0.28, "ratio": {"kind": "tis", "cap": 2.0}},
+        },
+    },
 }
 """``clawrl demo --memory``'s arms besides Combined, each from the same start:
 
@@ -267,7 +276,14 @@ MEMORY_ARMS: dict[str, dict[str, Any]] = {
   trained arms' and the evaluation points line up (the weights never change);
 - ``memory+combine``: the memory, and Combined training that distils it into the weights
   (``memory.distill``: turns are trained without their memory block, the policy with it is the
-  teacher; entries the weights alone follow are retired).
+  teacher; entries the weights alone follow are retired). Its Combined table is the demo's
+  with two bounds on the distilled turns' off-policy update: the OPD term clipped to
+  ``[-2, 2]`` (``advantage.opd_clip``) and the ratio taken against the trainer's own log-probs
+  on the prompt without the memory, with the sampling mismatch weight truncated at 2
+  (``loss.ratio = tis``). Chosen with ``--validation`` (student, seed 0, 16 steps): score with
+  the memory 0.781 -> 0.879, weights alone 0.566 -> 0.625, looping answers 16 % -> 12 % vs
+  16 % -> 19 %; without the bounds the PPO ratio of distilled tokens reached 15 and the
+  advantage 8.3, with grad-norm spikes of 2.1 and 3.6.
 
 Both are evaluated twice at each step: with the memory in the prompt and with the weights alone.
 """
@@ -286,8 +302,9 @@ def method_config(
     arm = MEMORY_ARMS.get(method, {})
     method = arm.get("method", method)
     if trainer["method"]["kind"] != expand_method(method)["kind"]:
-        # the configured table when kinds match, else the demo's own
-        trainer["method"] = copy.deepcopy(DEMO_METHODS.get(method)) or expand_method(method)
+        # the configured table when kinds match, else the demo's own (with the arm's settings)
+        table = copy.deepcopy(DEMO_METHODS.get(method)) or expand_method(method)
+        trainer["method"] = _merged(table, arm.get("method_table", {}))
     if "lr" in arm:
         trainer["lr"] = arm["lr"]
     data["memory"] = {**data.get("memory", {}), **arm.get("memory", {})}
@@ -302,6 +319,14 @@ def method_config(
         "keep_checkpoints": 1,
     }
     return Config.model_validate(data)
+
+
+def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``over``'s keys, nested tables merged key by key."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
 
 
 def _evaluation(ev: EvalResult, step: int, version: int, seed: int) -> Evaluation:
@@ -603,6 +628,8 @@ def run_demo(
     """
     from concurrent.futures import ThreadPoolExecutor
 
+    import torch
+
     from clawrl.engine.threads import call_in_transient_thread
     from clawrl.envs import load_scenario
     from clawrl.runtime import build_judge
@@ -619,10 +646,34 @@ def run_demo(
         return run_method(method, settings, cfg, spec, seed=seed, judge=bundle, policy=policy,
                           progress=progress)  # fmt: skip
 
+    at_once = max(1, min(settings.jobs, len(runs)))
+    threads = torch_threads_per_run(at_once)
+    previous = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
     try:
-        with ThreadPoolExecutor(max_workers=max(1, settings.jobs)) as pool:
+        with ThreadPoolExecutor(max_workers=at_once) as pool:
             futures = [pool.submit(one, seed, method) for seed, method in runs]
             return [f.result() for f in futures]
     finally:
+        if threads is not None:
+            torch.set_num_threads(previous)
         if own:
             bundle.close()
+
+
+def torch_threads_per_run(at_once: int) -> int | None:
+    """Torch's intra-op threads when ``at_once`` runs share this process's cores, or None to
+    leave them (one run, or ``OMP_NUM_THREADS`` set by the user).
+
+    Each run's threads get an OpenMP team as large as torch's thread count; several teams of
+    all the cores each oversubscribe them, and libgomp's waiting workers then pay to wake on
+    every parallel op (:mod:`clawrl.engine.threads`). So the cores are split: ``cores //
+    at_once``, at least 1. Measured on 2 cores: two demo runs in two processes with 2 threads
+    each failed their first evaluation (9 of 32 answers over the 300 s limit), and with 1 thread
+    each reached step 8 in 12 minutes (README, "Memory on the demo").
+    """
+    if at_once <= 1 or os.environ.get("OMP_NUM_THREADS"):
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // at_once)
