@@ -77,7 +77,7 @@ def test_config_file_and_overrides(tmp_path):
         (["server.nope=1"], "server.nope"),
         (["port=1"], "must name a section"),
         (["server.port"], "section.key=value"),
-        (["judge.backend.url=x"], "judge.backend.url: Extra inputs"),
+        (["judge.backend.url=x"], "head judge's, which has no url; name the backend"),
         (['judge.backend={kind="openai", model="m"}'], "judge.backend.url: Field required"),
     ],
 )

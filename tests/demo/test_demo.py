@@ -257,3 +257,21 @@ def test_runs_at_once_split_the_cores(monkeypatch):
     assert [torch_threads_per_run(n) for n in (2, 3, 8, 16)] == [4, 2, 1, 1]
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     assert torch_threads_per_run(2) is None
+
+
+def test_the_memory_combine_arm_keeps_its_bounds_over_a_configured_table(tmp_path):
+    """The memory + Combined arm's OPD clip and tis ratio win over a configured Combined table
+    (a config.toml the demo wrote holds the memory-alone arm's), whose other settings stay;
+    Combined itself keeps the configured table as it is."""
+    from clawrl.demo.runner import method_config
+
+    cfg = load_config(None, ['trainer.method={kind="combine", advantage={w_rl=0.5}}'])
+    arm = method_config(cfg, "memory+combine", DemoSettings(), tmp_path, 0).trainer.method
+    assert (arm.advantage.w_rl, arm.advantage.opd_clip) == (0.5, 2.0)
+    assert (arm.loss.ratio.kind, arm.loss.ratio.cap) == ("tis", 2.0)
+    plain = method_config(cfg, "combine", DemoSettings(), tmp_path, 0).trainer.method
+    assert (plain.advantage.w_rl, plain.advantage.opd_clip, plain.loss.ratio.kind) == (
+        0.5, None, "sampling")  # fmt: skip
+    demo = method_config(load_config(), "memory+combine", DemoSettings(), tmp_path, 0)
+    assert demo.trainer.method.advantage.w_rl == 0.25  # the demo's own table, bounded
+    assert demo.trainer.method.advantage.opd_clip == 2.0 and demo.memory.distill

@@ -182,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
     threads = torch_threads_per_run(min(settings.jobs, runs))
     if threads is not None:
         console.print(f"{min(settings.jobs, runs)} runs at once, {threads} torch thread(s) each "
-                      "(OMP_NUM_THREADS set by you is kept)")  # fmt: skip
+                      "(set OMP_NUM_THREADS to choose)")  # fmt: skip
     t0 = time.perf_counter()
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),

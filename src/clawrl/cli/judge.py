@@ -217,7 +217,6 @@ def run_eval(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from clawrl.config import Config
     from clawrl.config.judge import JudgeConfig
     from clawrl.judge import Score, load_cases
     from clawrl.judge.evaluate import evaluate
@@ -228,7 +227,7 @@ def run_eval(args: argparse.Namespace) -> int:
     if args.limit is not None:
         cases = cases[: args.limit]
     err = Console(stderr=True)
-    cfg = config_from_args(args) if args.backend != "openai" else Config()
+    cfg = config_from_args(args)
     if args.backend == "head" and cfg.judge.backend.kind == "head":
         # settings given with --set / --config (min_confidence, hints) apply, the flags win
         given = {k: getattr(cfg.judge.backend, k) for k in cfg.judge.backend.model_fields_set}
@@ -236,9 +235,10 @@ def run_eval(args: argparse.Namespace) -> int:
         backend_cfg = type(backend_cfg)(**given)
     votes = args.votes if args.votes is not None else cfg.judge.votes
     prefixes = _prefixes(args.prefixes, votes)
-    # --model names the judge's own model: explicit, so a head trained on another backbone is
-    # refused (runtime.judge_model_spec); unset, the head reads the model it was trained on.
-    # The rest of the judge's settings (hint_quorum, ...) come from --config / --set.
+    # --model (else judge.model of --config / --set) names the judge's own model: explicit, so
+    # a head trained on another backbone is refused (runtime.judge_model_spec); unset in both,
+    # the head reads the model it was trained on. The rest of the judge's settings
+    # (hint_quorum, vllm_urls, ...) come from --config / --set too: eval judges as serve would.
     judge_cfg = JudgeConfig.model_validate(
         {
             **cfg.judge.model_dump(exclude={"backend"}),

@@ -99,6 +99,7 @@ def _when(t: float | None) -> str:
 
 
 def run_list(args: argparse.Namespace) -> int:
+    from rich.cells import cell_len
     from rich.console import Console
     from rich.table import Table
 
@@ -123,7 +124,7 @@ def run_list(args: argparse.Namespace) -> int:
                       _when(e.updated_at), e.text)  # fmt: skip
     console = Console()
     if not console.is_terminal:  # piped: one line per entry, as wide as its text needs
-        console = Console(width=max(120, 80 + max(len(e.text) for e in entries)))
+        console = Console(width=max(120, 80 + max(cell_len(e.text) for e in entries)))
     console.print(table)
     return 0
 

@@ -85,8 +85,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="with --memory and --method opd or combine: train each turn that had memory "
         "without it (context distillation: the policy with the memory is the teacher) and "
         "retire an entry once the weights alone follow it (memory.distill, memory.retire_gap); "
-        "its turns are off-policy: add --ratio tis --set trainer.method.advantage.opd_clip=2 "
-        "(what clawrl demo --memory runs)",
+        "its turns are off-policy: add --ratio tis --opd-clip 2 (what clawrl demo "
+        "--memory runs)",
     )
     add_engine_options(p)
     add_online_options(p)

@@ -54,8 +54,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="preference memory (gateways run with --memory): train each turn that "
                    "had memory without it, the policy with the memory its teacher, and retire "
                    "an entry once the weights alone follow it (memory.distill; opd or "
-                   "combine); its turns are off-policy: add --ratio tis --set "
-                   "trainer.method.advantage.opd_clip=2 (what clawrl demo --memory runs)")  # fmt: skip
+                   "combine); its turns are off-policy: add --ratio tis --opd-clip 2 "
+                   "(what clawrl demo --memory runs)")  # fmt: skip
     add_config_options(p)
     p.set_defaults(func=run)
 

@@ -6,7 +6,7 @@ The backend is picked by a discriminated union on ``kind`` (``head`` | ``choice`
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -91,8 +91,10 @@ BackendConfig = Annotated[
 ]
 
 
-JUDGE_BACKEND_KINDS = ("head", "generative", "choice", "openai")
-"""The ``kind`` tags of :data:`BackendConfig`."""
+JUDGE_BACKEND_KINDS: tuple[str, ...] = tuple(
+    m.model_fields["kind"].default for m in get_args(get_args(BackendConfig)[0])
+)
+"""The ``kind`` tags of :data:`BackendConfig` (head, generative, choice, openai)."""
 
 
 def _default_backend() -> BackendConfig:
@@ -126,7 +128,14 @@ class JudgeConfig(_Section):
         """A backend table without ``kind`` is the default backend's (``--set
         judge.backend.hints=gate`` changes the head judge's setting)."""
         if isinstance(value, dict) and "kind" not in value:
-            return {"kind": "head", **value}
+            if set(value) <= set(HeadJudgeConfig.model_fields):
+                return {"kind": "head", **value}
+            raise ValueError(
+                f"a judge backend table without kind is the head judge's, which has no "
+                f"{', '.join(sorted(set(value) - set(HeadJudgeConfig.model_fields)))}; name the "
+                f'backend: judge.backend = {{ kind = "...", ... }} '
+                f"({', '.join(JUDGE_BACKEND_KINDS)})"
+            )
         return value
 
     hint_quorum: float = Field(

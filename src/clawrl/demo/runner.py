@@ -283,7 +283,8 @@ MEMORY_ARMS: dict[str, dict[str, Any]] = {
   (``loss.ratio = tis``). Chosen with ``--validation`` (student, seed 0, 16 steps): score with
   the memory 0.781 -> 0.879, weights alone 0.566 -> 0.625, looping answers 16 % -> 12 % vs
   16 % -> 19 %; without the bounds the PPO ratio of distilled tokens reached 15 and the
-  advantage 8.3, with grad-norm spikes of 2.1 and 3.6.
+  advantage 8.3, with grad-norm spikes of 2.1 and 3.6. These two settings win over a
+  configured Combined table (its other settings are kept).
 
 Both are evaluated twice at each step: with the memory in the prompt and with the weights alone.
 """
@@ -302,9 +303,10 @@ def method_config(
     arm = MEMORY_ARMS.get(method, {})
     method = arm.get("method", method)
     if trainer["method"]["kind"] != expand_method(method)["kind"]:
-        # the configured table when kinds match, else the demo's own (with the arm's settings)
-        table = copy.deepcopy(DEMO_METHODS.get(method)) or expand_method(method)
-        trainer["method"] = _merged(table, arm.get("method_table", {}))
+        # the configured table when kinds match, else the demo's own
+        trainer["method"] = copy.deepcopy(DEMO_METHODS.get(method)) or expand_method(method)
+    # the arm's own settings win over either (a config.toml the demo wrote holds another arm's)
+    trainer["method"] = _merged(trainer["method"], arm.get("method_table", {}))
     if "lr" in arm:
         trainer["lr"] = arm["lr"]
     data["memory"] = {**data.get("memory", {}), **arm.get("memory", {})}
@@ -671,7 +673,7 @@ def torch_threads_per_run(at_once: int) -> int | None:
     every parallel op (:mod:`clawrl.engine.threads`). So the cores are split: ``cores //
     at_once``, at least 1. Measured on 2 cores: two demo runs in two processes with 2 threads
     each failed their first evaluation (9 of 32 answers over the 300 s limit), and with 1 thread
-    each reached step 8 in 12 minutes (README, "Memory on the demo").
+    each reached step 8 in 12 minutes.
     """
     if at_once <= 1 or os.environ.get("OMP_NUM_THREADS"):
         return None
