@@ -309,14 +309,15 @@ def merge_method(current: Any, shorthand: str) -> dict[str, Any]:
             f"--method {shorthand} contradicts trainer.method kind {kind!r} given by --config "
             "or --set; give one of them"
         )
-    return _deep_merge(current, table)
+    return deep_merge(current, table)
 
 
-def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``base`` with ``top``'s keys, nested tables merged key by key."""
     out = copy.deepcopy(base)
     for key, value in top.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _deep_merge(out[key], value)
+            out[key] = deep_merge(out[key], value)
         else:
             out[key] = copy.deepcopy(value)
     return out

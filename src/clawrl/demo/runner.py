@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from clawrl.config import Config, expand_method
+from clawrl.config.method import deep_merge
 from clawrl.errors import ConfigError, EvaluationError
 from clawrl.stats import bootstrap_ci, sessions_to_converge
 
@@ -306,7 +307,7 @@ def method_config(
         # the configured table when kinds match, else the demo's own
         trainer["method"] = copy.deepcopy(DEMO_METHODS.get(method)) or expand_method(method)
     # the arm's own settings win over either (a config.toml the demo wrote holds another arm's)
-    trainer["method"] = _merged(trainer["method"], arm.get("method_table", {}))
+    trainer["method"] = deep_merge(trainer["method"], arm.get("method_table", {}))
     if "lr" in arm:
         trainer["lr"] = arm["lr"]
     data["memory"] = {**data.get("memory", {}), **arm.get("memory", {})}
@@ -321,14 +322,6 @@ def method_config(
         "keep_checkpoints": 1,
     }
     return Config.model_validate(data)
-
-
-def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    """``base`` with ``over``'s keys, nested tables merged key by key."""
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
 
 
 def _evaluation(ev: EvalResult, step: int, version: int, seed: int) -> Evaluation:
