@@ -270,17 +270,29 @@ def test_a_dying_replica_is_taken_out_and_back(
     engine = VLLMEngine([vllm_server.url, proxy.url], tok, health_interval_s=0.2)
     trainer = Trainer(embedded_policy.model, TrainerConfig(method="rl"), tmp_path)
     prompt = _prompt(tok)
-    long = SamplingParams(max_tokens=200, ignore_eos=True)
+    # long enough that no stream ends between the last one's first event and the kill
+    long = SamplingParams(max_tokens=800, ignore_eos=True)
 
     async def stream_all(n: int) -> list[BaseException | int]:
-        async def one() -> BaseException | int:
+        started: set[int] = set()
+        all_started = asyncio.Event()
+
+        async def one(i: int) -> BaseException | int:
+            count = 0
             try:
-                return len([e async for e in engine.generate_stream(prompt, long)])
+                async for _ in engine.generate_stream(prompt, long):
+                    count += 1
+                    started.add(i)
+                    if len(started) == n:
+                        all_started.set()
+                return count
             except EngineUnavailableError as e:
                 return e
 
-        tasks = [asyncio.create_task(one()) for _ in range(n)]
-        await asyncio.sleep(1.0)  # every stream is under way on one replica or the other
+        tasks = [asyncio.create_task(one(i)) for i in range(n)]
+        # every stream is under way on one replica or the other (not a fixed sleep: a fast
+        # machine finishes short streams before it ends)
+        await asyncio.wait_for(all_started.wait(), timeout=120)
         proxy.kill()
         return await asyncio.gather(*tasks)
 
@@ -288,7 +300,7 @@ def test_a_dying_replica_is_taken_out_and_back(
         assert {r.url for r in engine.replicas} == {vllm_server.url, proxy.url}
         results = asyncio.run(stream_all(4))
         died = [r for r in results if isinstance(r, EngineUnavailableError)]
-        assert 1 <= len(died) <= 3 and all(r == 200 for r in results if isinstance(r, int))
+        assert 1 <= len(died) <= 3 and all(r == 800 for r in results if isinstance(r, int))
         down = next(r for r in engine.replicas if r.url == proxy.url)
         assert not down.healthy
         # new requests go to the live replica; a version published now skips the dead one
@@ -323,15 +335,23 @@ def test_a_launched_server_killed_with_sigkill_comes_back_on_the_current_version
         assert engine.load_policy(1, trainer.save_weights(1)).result(timeout=60) == 1
 
         async def killed_mid_stream() -> BaseException | int:
+            streaming = asyncio.Event()
+
             async def one() -> BaseException | int:
+                # long enough that no machine streams it all between the first event and the
+                # kill (a fixed 1 s sleep let a fast CI runner finish 400 tokens first)
+                long = SamplingParams(max_tokens=1500, ignore_eos=True)
+                n = 0
                 try:
-                    long = SamplingParams(max_tokens=400, ignore_eos=True)
-                    return len([e async for e in engine.generate_stream(prompt, long)])
+                    async for _ in engine.generate_stream(prompt, long):
+                        n += 1
+                        streaming.set()
+                    return n
                 except EngineUnavailableError as e:
                     return e
 
             task = asyncio.create_task(one())
-            await asyncio.sleep(1.0)
+            await asyncio.wait_for(streaming.wait(), timeout=120)
             os.killpg(vllm_server.process.pid, signal.SIGKILL)
             return await task
 

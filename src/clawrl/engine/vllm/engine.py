@@ -617,7 +617,9 @@ class VLLMEngine:
         self.stats.batch_size -= 1
         if serving and replica.scoring is not None:
             replica.scoring.serving_ended()
-        if info.inflight == 0:
+        if info.inflight == 0 and not self._loop.is_closed():
+            # a stream abandoned by its caller is finalised by the garbage collector, possibly
+            # after the engine's loop closed: nothing is left to retire then
             self._spawn(self._retire_idle())
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
