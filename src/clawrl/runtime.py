@@ -446,6 +446,7 @@ def build_runtime(
         app = create_app(
             engine, policy.tokenizer, store, model_name=name, api_key=api_key,
             defaults=config.sampling, lifespan=lifespan, memory=memory, memory_admin=keeper,
+            user_from=config.server.user_from,
         )  # fmt: skip
         dashboard = mount_dashboard(app, DashboardSource(
             store, output_dir=Path(config.trainer.output_dir) if method.trains else None,

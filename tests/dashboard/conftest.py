@@ -51,11 +51,12 @@ class Live:
     url: str
 
     def converse(self, sid: str, replies: list[str], first: str = "what is 2 + 2?",
-                 user_agent: str | None = None) -> None:  # fmt: skip
+                 user_agent: str | None = None, user: str | None = None) -> None:  # fmt: skip
         """One conversation: the first message, then each reply after the policy's answer;
         then the session is ended (its last answer never gets a next state)."""
         messages = [{"role": "user", "content": first}]
         headers = {"X-Session-Id": sid} | ({"User-Agent": user_agent} if user_agent else {})
+        headers |= {"x-clawrl-user": user} if user else {}
         for reply in [*replies, None]:
             r = self.client.chat.completions.create(
                 model="tiny", messages=messages, max_tokens=6, temperature=1.0,
@@ -92,7 +93,7 @@ def live(tmp_path_factory):
     live = Live(runtime, server, client, f"{server.url}/dashboard")
     live.recorded = lines  # type: ignore[attr-defined]
     try:
-        live.converse("dash-one", ["no, that is wrong, redo it", "thanks!"])
+        live.converse("dash-one", ["no, that is wrong, redo it", "thanks!"], user="alice")
         live.converse("dash-two", [TRICKY], first=f"explain {TRICKY}", user_agent=TRICKY)
         # a step, and the judge worker has seen both sessions' last answers (no next state)
         assert wait_for(lambda: live.steps() >= 1

@@ -60,6 +60,21 @@ def test_sessions_list_and_search(live):
     assert page["sessions"][0]["id"] != get(live, "/api/sessions?limit=1")["sessions"][0]["id"]
 
 
+def test_sessions_filter_by_user(live):
+    """Each session row lists its users; ``user=`` keeps one user's sessions (``""``: requests
+    that named no user); a user id that cannot be one is a 400 naming the parameter."""
+    d = get(live, "/api/sessions")
+    assert {s["id"]: s["users"] for s in d["sessions"]} == {"dash-one": ["alice"], "dash-two": []}
+    alice = get(live, "/api/sessions?user=alice")
+    assert [s["id"] for s in alice["sessions"]] == ["dash-one"] and alice["total"] == 1
+    assert alice["user"] == "alice" and d["user"] is None
+    assert [s["id"] for s in get(live, "/api/sessions?user=")["sessions"]] == ["dash-two"]
+    assert get(live, "/api/sessions?user=bob")["total"] == 0
+    assert get(live, "/api/sessions?user=alice&q=two")["total"] == 0
+    r = httpx.get(f"{live.url}/api/sessions", params={"user": "a\nb"}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "user"
+
+
 @pytest.mark.parametrize("query", [
     {"q": "x" * 501}, {"limit": "abc"}, {"limit": "0"}, {"limit": "501"}, {"offset": "-1"},
     {"offset": str(10**20)},
@@ -149,7 +164,7 @@ def test_tricky_text_reaches_the_json_verbatim(live):
 def test_one_console_line_per_request(live):
     lines = [request_line(turns) for turns in live.recorded[:5]]
     assert all(" chat session " in x and " tokens " in x and " v" in x for x in lines)
-    assert sum("session dash-one turn " in x for x in lines) == 3
+    assert sum("session dash-one user alice turn " in x for x in lines) == 3
     assert lines[0].split()[-2:] in (["ok", "length"], ["ok", "stop"])
     # a streamed call with two choices is one line, when the call ends
     before = len(live.recorded)

@@ -103,6 +103,22 @@ def test_sessions_search(live, page, tmp_path):
     page.wait_for_url("**/session?id=dash-one")
 
 
+def test_sessions_filter_by_user(live, page):
+    """The user column links to that user's sessions; 'all users' lists everyone's again."""
+    live.runtime.dashboard._cache.clear()
+    load(page, f"{live.url}/sessions")
+    total = live.runtime.store.count_sessions()
+    assert page.locator('tr[data-session="dash-one"] a.user').inner_text() == "alice"
+    assert page.locator('tr[data-session="dash-two"] a.user').count() == 0
+    page.click('tr[data-session="dash-one"] a.user')
+    page.wait_for_function("document.querySelectorAll('tr[data-session]').length === 1")
+    assert "user=alice" in page.url
+    assert "of user “alice”" in page.locator("#session-count").inner_text()
+    page.click("button:text('all users')")
+    page.wait_for_function(f"document.querySelectorAll('tr[data-session]').length === {total}")
+    assert "user=" not in page.url
+
+
 def test_a_session_follows_a_turn_from_request_to_training(live, page, tmp_path):
     load(page, f"{live.url}/session?id=dash-one")
     first = page.locator("article.turn").first

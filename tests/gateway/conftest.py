@@ -73,10 +73,11 @@ def scripted_server(tokenizer, tmp_path):
     """Factory: ``with scripted_server(replies, **engine_kw) as served: ...``."""
     stack = contextlib.ExitStack()
 
-    def make(replies=(), *, api_key=None, **engine_kw) -> Served:
+    def make(replies=(), *, api_key=None, user_from=None, **engine_kw) -> Served:
         engine = ScriptedEngine(tokenizer, replies, **engine_kw)
         path = tmp_path / f"s{len(stack._exit_callbacks)}.db"
-        return stack.enter_context(serve(engine, tokenizer, path, api_key=api_key))
+        app_kw = {} if user_from is None else {"user_from": user_from}
+        return stack.enter_context(serve(engine, tokenizer, path, api_key=api_key, **app_kw))
 
     with stack:
         yield make

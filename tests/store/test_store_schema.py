@@ -121,7 +121,7 @@ def test_both_dialects_have_the_same_schema(pg_cluster, tmp_path) -> None:
     assert described["sqlite"] == described["postgresql"]
     assert set(described["sqlite"]) == TABLES
     turns = [c[0] for c in described["postgresql"]["turns"]["columns"]]
-    assert turns[-4:-1] == list(STORAGE_TURN_COLUMNS) and turns[-1] == "memory"
+    assert turns[-5:-2] == list(STORAGE_TURN_COLUMNS) and turns[-2:] == ["memory", "user_id"]
 
 
 def test_render_ddl() -> None:

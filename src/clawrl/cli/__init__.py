@@ -22,6 +22,7 @@ from clawrl.cli import (
     sessions,
     store,
     train,
+    users,
 )
 from clawrl.errors import ClawrlError
 
@@ -45,6 +46,8 @@ Serve, record and train online (point any OpenAI/Anthropic client or harness at 
   clawrl export --out trajectories.jsonl          token ids, loss masks, log-probs
   clawrl serve --memory                           ...adding what users asked for before to
   clawrl memory list                              ...the system prompt: these entries
+  clawrl users list                               whose requests were recorded (a header,
+                                                  the body's user field, or the API key)
   clawrl serve --store postgresql://u@db/clawrl   replicas on one PostgreSQL store
   clawrl serve --method combine --external-trainer    the same as three processes on one store:
   clawrl judge worker --store clawrl.db           ...the judge, and
@@ -61,7 +64,7 @@ Measure:
 
 _MODULES = [
     demo, generate, doctor, serve, train, sessions, store, dashboard, export_model, judge, eval,
-    harness, memory,
+    harness, memory, users,
 ]  # fmt: skip
 
 

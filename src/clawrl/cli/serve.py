@@ -115,7 +115,8 @@ def _short_id(session_id: str, most: int = 24) -> str:
 def request_line(turns: list[TurnRecord]) -> str:
     """One console line for a request's recorded turns (one per choice), e.g.
     ``19:04:11 chat session 3f2a1b2c turn 9e8d7c6b 412+37 tokens 1.84 s v3 ok stop`` (``412+37
-    tokens +memory 2`` when the preference memory added two entries to the prompt)."""
+    tokens +memory 2`` when the preference memory added two entries to the prompt; ``user
+    alice`` after the session when the request named a user)."""
     first = turns[0]
     when = time.strftime("%H:%M:%S", time.localtime(first.created_at))
     api = PROTOCOL_NAMES.get(first.protocol.value, first.protocol.value)
@@ -124,13 +125,14 @@ def request_line(turns: list[TurnRecord]) -> str:
     latency = max((t.latency_s or 0.0) for t in turns)
     choices = f" x{len(turns)}" if len(turns) > 1 else ""
     memory = f" +memory {len(first.memory['entries'])}" if first.memory else ""
+    user = f" user {_printable(_short_id(first.user_id))}" if first.user_id else ""
     statuses = ",".join(sorted({t.status.value for t in turns}))
     finish = ",".join(sorted({t.finish_reason or "-" for t in turns}))
     untrainable = sorted({t.untrainable_reason for t in turns if t.untrainable_reason})
     why = f" ({_printable(','.join(untrainable))})" if untrainable else ""
     return (
-        f"{when} {api}{_printable(kind)} session {_printable(_short_id(first.session_id))} "
-        f"turn {first.id[:8]}{choices} "
+        f"{when} {api}{_printable(kind)} session {_printable(_short_id(first.session_id))}"
+        f"{user} turn {first.id[:8]}{choices} "
         f"{len(first.prompt_ids)}+{completion} tokens{memory} {latency:.2f} s "
         f"v{first.policy_version} {statuses} {finish}{why}"
     )

@@ -25,6 +25,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     lst = ssub.add_parser("list", help="sessions with turn counts, newest first")
     lst.add_argument("--limit", type=int, default=50, help="most sessions shown (50)")
     lst.add_argument("--offset", type=int, default=0, help="skip this many newest sessions")
+    lst.add_argument(
+        "--user",
+        metavar="USER",
+        help="only sessions with this user's turns (the ids clawrl users list shows; '' for "
+        "requests that named no user)",
+    )
     _store_option(lst)
     lst.set_defaults(func=run_list)
     show = ssub.add_parser("show", help="one session's tree, next states and trainability")
@@ -78,7 +84,10 @@ def run_list(args: argparse.Namespace) -> int:
         width: int | None = console.width
         if not console.is_terminal:  # piped: the full table, on lines wide enough for it
             console, width = Console(width=240), None
-        console.print(list_sessions_table(store, limit=args.limit, offset=args.offset, width=width))
+        table = list_sessions_table(
+            store, limit=args.limit, offset=args.offset, width=width, user=args.user
+        )
+        console.print(table)
     return 0
 
 

@@ -182,6 +182,10 @@ class SamplingConfig(_Section):
     top_k: int = Field(0, ge=0, description="Keep the k most likely tokens; 0 disables.")
 
 
+UserSourceName = Literal["header", "body", "key"]
+_DEFAULT_USER_FROM: tuple[UserSourceName, ...] = ("header", "body")
+
+
 class ServerConfig(_Section):
     """The HTTP gateway."""
 
@@ -203,6 +207,14 @@ class ServerConfig(_Section):
         description="A replica that does not train checks the store for a newer published "
         "policy version this often (seconds) and serves it; 0: never.",
     )
+    user_from: list[UserSourceName] = Field(
+        default_factory=lambda: list(_DEFAULT_USER_FROM),
+        max_length=3,
+        description="Where the gateway finds whose request it is, first match wins (each turn "
+        "records it; clawrl users list): 'header' (x-clawrl-user), 'body' (OpenAI's user or "
+        "safety_identifier, Anthropic's metadata.user_id when a plain id), 'key' (the API "
+        "key's fingerprint: each key is one user); [] records no user.",
+    )
     external_trainer: bool = Field(
         False,
         description="The judge and the trainer run as their own processes (clawrl judge worker, "
@@ -210,6 +222,13 @@ class ServerConfig(_Section):
         "records, and serves each policy version the trainer publishes (polled every "
         "version_poll_s).",
     )
+
+    @field_validator("user_from")
+    @classmethod
+    def _distinct_sources(cls, value: list[UserSourceName]) -> list[UserSourceName]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"names a source twice: {value}; list each of header, body, key once")
+        return value
 
 
 class TrainerConfig(_Section):

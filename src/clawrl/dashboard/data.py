@@ -380,9 +380,12 @@ class DashboardSource:
             "live": live is not None,
         }
 
-    def sessions(self, query: str = "", limit: int = 100, offset: int = 0) -> dict[str, Any]:
+    def sessions(
+        self, query: str = "", limit: int = 100, offset: int = 0, user: str | None = None
+    ) -> dict[str, Any]:
         """One page of sessions, newest first, whose id, client, harness (metadata) or
-        attribution contains ``query`` (case-insensitive), with the total that match.
+        attribution contains ``query`` (case-insensitive) and that hold a turn of ``user``
+        (exact id; ``None``: any user's), with the total that match. Each row lists its users.
 
         Raises:
             ValueError: ``limit`` outside 1..:data:`PAGE_SIZE_MAX` or a negative ``offset``.
@@ -390,17 +393,19 @@ class DashboardSource:
         if not 1 <= limit <= PAGE_SIZE_MAX or offset < 0:
             raise ValueError(f"limit must be 1..{PAGE_SIZE_MAX} and offset >= 0")
         q = query.strip()
-        return dict(self.cached(f"sessions:{q}:{limit}:{offset}",
-                                lambda: self._sessions(q, limit, offset)))  # fmt: skip
+        key = f"sessions:{q}:{limit}:{offset}:{'*' if user is None else 'u=' + user}"
+        return dict(self.cached(key, lambda: self._sessions(q, limit, offset, user)))
 
-    def _sessions(self, q: str, limit: int, offset: int) -> dict[str, Any]:
+    def _sessions(self, q: str, limit: int, offset: int, user: str | None) -> dict[str, Any]:
         rows = []
-        for s in self.store.list_sessions(limit=limit, offset=offset, query=q or None):
+        page = self.store.list_sessions(limit=limit, offset=offset, query=q or None, user=user)
+        for s in page:
             rec = s.session
             harness = rec.metadata.get("harness") if isinstance(rec.metadata, dict) else None
             rows.append({
                 "id": rec.id,
                 "client": rec.client or "",
+                "users": list(s.user_ids),
                 "harness": str(harness or ""),
                 "attribution": rec.source.value,
                 "turns": s.turns,
@@ -412,8 +417,9 @@ class DashboardSource:
                 "last_activity": s.last_turn_at or rec.created_at,
                 "ended": rec.ended_at is not None,
             })  # fmt: skip
-        total = self.store.count_sessions(q or None)
-        return {"query": q, "offset": offset, "limit": limit, "total": total, "sessions": rows}
+        total = self.store.count_sessions(q or None, user=user)
+        return {"query": q, "user": user, "offset": offset, "limit": limit, "total": total,
+                "sessions": rows}  # fmt: skip
 
     def session(self, session_id: str) -> dict[str, Any]:
         """One session as its prefix tree: per turn its new messages, completion, version, next

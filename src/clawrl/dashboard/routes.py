@@ -34,6 +34,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 
 from clawrl.dashboard.data import PAGE_SIZE_MAX, DashboardSource
 from clawrl.errors import ClientInputError, StoreError
+from clawrl.store.users import MAX_USER_ID_CHARS, user_id_problem
 
 PREFIX = "/dashboard"
 POLL_MS = 2000
@@ -141,11 +142,15 @@ async def api_sessions(
     q: str = Query("", max_length=500),
     limit: int = Query(100, ge=1, le=PAGE_SIZE_MAX),
     offset: int = Query(0, ge=0, le=2**62),
+    user: str | None = Query(None, max_length=MAX_USER_ID_CHARS),
 ) -> JSONResponse:
-    """:meth:`DashboardSource.sessions` (``q``: search text; a bad value is a 400 naming it)."""
+    """:meth:`DashboardSource.sessions` (``q``: search text; ``user``: only sessions with this
+    user's turns, ``""`` for turns without a user; a bad value is a 400 naming it)."""
     if "\x00" in q:
         raise ClientInputError("the search text 'q' must not contain NUL characters", param="q")
-    return await _json(request, _source(request).sessions, q, limit, offset)
+    if user is not None and (problem := user_id_problem(user)) is not None:
+        raise ClientInputError(f"the user filter {problem}", param="user")
+    return await _json(request, _source(request).sessions, q, limit, offset, user)
 
 
 @router.get("/api/session")

@@ -28,7 +28,7 @@ module                 does
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -48,6 +48,7 @@ from clawrl.gateway.auth import ApiKeyMiddleware
 from clawrl.gateway.errors import install_error_handlers
 from clawrl.gateway.metrics import Metrics, RequestMetricsMiddleware
 from clawrl.gateway.state import GatewayState
+from clawrl.gateway.users import DEFAULT_USER_FROM, UserSource
 from clawrl.memory import MemoryKeeper
 from clawrl.store import Store
 
@@ -63,6 +64,7 @@ def create_app(
     lifespan: Callable[[Any], AbstractAsyncContextManager[None]] | None = None,
     memory: MemoryKeeper | None = None,
     memory_admin: MemoryKeeper | None = None,
+    user_from: Sequence[UserSource] = DEFAULT_USER_FROM,
 ) -> FastAPI:
     """Build the gateway app over an engine, the policy's tokenizer and a store.
 
@@ -83,6 +85,8 @@ def create_app(
             (``clawrl serve --memory``; ``None``: off).
         memory_admin: with memory off, the keeper ``/v1/memory`` changes entries through
             (its cap from the config; ``None``: one with the default cap, made on first use).
+        user_from: where a request's user id comes from, first match wins
+            (:mod:`clawrl.gateway.users`; ``server.user_from``).
 
     Returns:
         The FastAPI app; ``app.state.gateway`` is its :class:`GatewayState`.
@@ -101,6 +105,7 @@ def create_app(
         api_key=api_key,
         memory=memory,
         memory_admin=memory_admin,
+        user_from=tuple(user_from),
         defaults=defaults or SamplingConfig.model_validate({}),
         metrics=metrics,
     )

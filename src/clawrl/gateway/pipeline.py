@@ -78,6 +78,7 @@ from clawrl.gateway.recorder import (
 )
 from clawrl.gateway.seeding import seeded_params
 from clawrl.gateway.state import GatewayState
+from clawrl.gateway.users import resolve_user
 from clawrl.store import ApiProtocol, TurnStatus, UntrainableReason
 from clawrl.trajectory.history import HISTORY_LINK_FACT
 
@@ -113,6 +114,8 @@ class CallRequest:
         max_tokens_param: the field that set the completion budget (``max_tokens``,
             ``max_completion_tokens``, ``max_output_tokens``); ``None`` when the gateway's
             default applies (then capped at what fits, never refused).
+        body_user: the end-user field of the body, ``(field, value)``
+            (:func:`clawrl.gateway.users.body_user`).
     """
 
     protocol: ApiProtocol
@@ -127,6 +130,7 @@ class CallRequest:
     requested_model: str | None = None
     rename_call: RenameCall = _same_id
     max_tokens_param: str | None = None
+    body_user: tuple[str, Any] | None = None
 
 
 @dataclass
@@ -283,6 +287,7 @@ async def start_call(gw: GatewayState, request: Request, req: CallRequest) -> Ca
     started, created = time.perf_counter(), time.time()
     await _check_body_unicode(request)
     _check_unicode(req)
+    user_id = resolve_user(request, req.body_user, gw.user_from)
     agent = agent_facts(request.headers)
     client_name = (request.headers.get("user-agent") or "")[:200] or None
     retries = retry_count(request.headers)
@@ -319,7 +324,7 @@ async def start_call(gw: GatewayState, request: Request, req: CallRequest) -> Ca
     }
     ctx = CallContext(
         prepared=prepared, client=client, sampling=sampling, created_at=created,
-        started=started, protocol=req.protocol,
+        started=started, protocol=req.protocol, user_id=user_id,
     )  # fmt: skip
     params = seeded_params(
         req.params, prepared.sampling_seed, prepared.prompt_ids, prepared.sampling_attempt

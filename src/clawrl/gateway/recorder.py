@@ -67,6 +67,7 @@ class CallContext:
         created_at: seconds since the epoch when the request arrived.
         started: ``time.perf_counter()`` when the request arrived.
         protocol: the client API.
+        user_id: whose request it is (:func:`clawrl.gateway.users.resolve_user`; ``""``: none).
     """
 
     prepared: PreparedCall
@@ -75,6 +76,7 @@ class CallContext:
     created_at: float = field(default_factory=time.time)
     started: float = field(default_factory=time.perf_counter)
     protocol: ApiProtocol = ApiProtocol.OPENAI_CHAT
+    user_id: str = ""
 
 
 @dataclass
@@ -199,6 +201,7 @@ def build_turn(ctx: CallContext, choice: ChoiceResult) -> TurnRecord:
         client=ctx.client,
         session_source=p.session_source,
         memory=p.memory,
+        user_id=ctx.user_id,
         trainable=trainable,
         untrainable_reason=reason,
         created_at=ctx.created_at,

@@ -53,6 +53,7 @@ from clawrl.gateway.pipeline import (
 )
 from clawrl.gateway.recorder import ChoiceResult
 from clawrl.gateway.state import GatewayState
+from clawrl.gateway.users import body_user
 from clawrl.store import ApiProtocol
 
 log = logging.getLogger(__name__)
@@ -165,6 +166,7 @@ async def create_message(body: MessagesRequest, request: Request) -> Response:
         max_tokens_param="max_tokens" if body.max_tokens else None,
         parallel_tool_calls=conv.parallel_tool_calls,
         explicit=explicit,
+        body_user=body_user(None, body.metadata),
         facts={
             "stream": bool(body.stream),
             "ignored_fields": unknown,

@@ -57,6 +57,7 @@ from clawrl.gateway.schemas import (
     stop_strings,
 )
 from clawrl.gateway.state import GatewayState
+from clawrl.gateway.users import body_user
 from clawrl.policy_version import version_fields
 from clawrl.store import ApiProtocol
 
@@ -110,6 +111,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         params=[sampling_params(body, gw, i) for i in range(body.n)],
         max_tokens_param=max_tokens_field(body),
         parallel_tool_calls=body.parallel_tool_calls is not False,
+        body_user=body_user(body.user, body.metadata, body.model_extra),
         explicit=explicit_session(
             request.path_params.get("session_id"),
             request.headers,

@@ -56,6 +56,7 @@ from clawrl.gateway.pipeline import (
 from clawrl.gateway.recorder import ChoiceResult
 from clawrl.gateway.side_calls import codex_turn_metadata, side_kind_from_headers
 from clawrl.gateway.state import GatewayState
+from clawrl.gateway.users import body_user
 from clawrl.store import ApiProtocol
 
 log = logging.getLogger(__name__)
@@ -191,6 +192,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
         max_tokens_param="max_output_tokens" if body.max_output_tokens else None,
         parallel_tool_calls=body.parallel_tool_calls is not False,
         explicit=explicit,
+        body_user=body_user(body.user, None, body.model_extra),
         side_kind=side_kind_from_headers(request.headers),
         facts={
             "stream": bool(body.stream),

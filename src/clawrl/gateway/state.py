@@ -10,6 +10,7 @@ from typing import Any
 from clawrl.config import SamplingConfig
 from clawrl.engine import Engine
 from clawrl.gateway.metrics import Metrics
+from clawrl.gateway.users import DEFAULT_USER_FROM, UserSource
 from clawrl.memory import MemoryKeeper
 from clawrl.store import Store, TurnRecord
 
@@ -35,6 +36,7 @@ class GatewayState:
             off).
         memory_admin: with memory off, the keeper ``/v1/memory`` reads and changes entries
             through (made on first use).
+        user_from: where a request's user id comes from (:mod:`clawrl.gateway.users`).
     """
 
     engine: Engine
@@ -49,6 +51,7 @@ class GatewayState:
     error_listeners: list[Callable[[str, str, int, str], None]] = field(default_factory=list)
     memory: MemoryKeeper | None = None
     memory_admin: MemoryKeeper | None = None
+    user_from: tuple[UserSource, ...] = DEFAULT_USER_FROM
 
     @property
     def stop_token_ids(self) -> frozenset[int]:

@@ -60,17 +60,18 @@ from clawrl.store.types import (
     TurnRecord,
     new_id,
 )
+from clawrl.store.users import USERS_SCHEMA_VERSION, UserQueries
 from clawrl.store.versions import PolicyVersions
 
 READ_ONLY_MIN_VERSION = 2
 """The oldest store schema a read-only store reads (the first with judgments and samples)."""
 
 _IMMUTABLE_TURN_FIELDS = frozenset({"id", "session_id", "created_at", "prompt_ids",
-                                    "request_messages"})  # fmt: skip
+                                    "request_messages", "user_id"})  # fmt: skip
 _SQL_CHUNK = 500  # bound on host parameters per IN (...) list
 
 
-class Store(LearningQueries, PolicyVersions, Leases, RolloutQueries, MemoryEntries):
+class Store(LearningQueries, PolicyVersions, Leases, RolloutQueries, MemoryEntries, UserQueries):
     """A durable, thread-safe store of sessions, turns and feedback (and judgments, samples,
     policy versions, leases, harness rollouts and memory entries: the mixins), in SQLite or PostgreSQL.
 
@@ -246,7 +247,12 @@ class Store(LearningQueries, PolicyVersions, Leases, RolloutQueries, MemoryEntri
                 raise StoreError(f"unknown session {session_id!r}")
 
     def list_sessions(
-        self, limit: int = 50, offset: int = 0, *, query: str | None = None
+        self,
+        limit: int = 50,
+        offset: int = 0,
+        *,
+        query: str | None = None,
+        user: str | None = None,
     ) -> list[SessionSummary]:
         """Sessions with counts, most recently created first.
 
@@ -254,10 +260,12 @@ class Store(LearningQueries, PolicyVersions, Leases, RolloutQueries, MemoryEntri
             query: keep only sessions whose id, client, source (attribution) or harness
                 (``metadata.harness``) contains this text, case-insensitively for ASCII
                 letters; ``None`` or ``""``: all.
+            user: keep only sessions with a turn of this user (exact id; ``""``: turns that
+                named no user); ``None``: every user's.
         """
         cols = "s.id, s.source, s.created_at, s.ended_at, s.client, s.metadata, s.row_order"
         with self._read() as conn:
-            where, params = _session_filter(query, conn)
+            where, params = _session_filter(query, conn, self._user_filter(user))
             sql = f"""
             SELECT {cols},
                 COUNT(t.id) AS n_turns,
@@ -275,9 +283,11 @@ class Store(LearningQueries, PolicyVersions, Leases, RolloutQueries, MemoryEntri
             ORDER BY s.created_at DESC, s.row_order DESC
             """
             rows = conn.execute(sql, (*params, int(limit), int(offset))).fetchall()
+            users = self._session_users(conn, [r["id"] for r in rows])
         return [
             SessionSummary(
                 session=row_to_session(r),
+                user_ids=users.get(r["id"], ()),
                 turns=int(r["n_turns"]),
                 trainable_turns=int(r["n_trainable"] or 0),
                 side_turns=int(r["n_side"] or 0),
@@ -290,11 +300,36 @@ class Store(LearningQueries, PolicyVersions, Leases, RolloutQueries, MemoryEntri
             for r in rows
         ]
 
-    def count_sessions(self, query: str | None = None) -> int:
-        """How many sessions :meth:`list_sessions` lists with this ``query``."""
+    def count_sessions(self, query: str | None = None, *, user: str | None = None) -> int:
+        """How many sessions :meth:`list_sessions` lists with this ``query`` and ``user``."""
         with self._read() as conn:
-            where, params = _session_filter(query, conn)
+            where, params = _session_filter(query, conn, self._user_filter(user))
             return int(conn.execute(f"SELECT COUNT(*) FROM sessions {where}", params).fetchone()[0])
+
+    def _user_filter(self, user: str | None) -> tuple[str, tuple[str, ...]] | None:
+        """The session condition for ``user`` (``None``: none); a store that predates users
+        holds only turns without one."""
+        if user is None:
+            return None
+        if self.schema_version < USERS_SCHEMA_VERSION:
+            return ("1 = 1", ()) if user == "" else ("1 = 0", ())
+        return "id IN (SELECT session_id FROM turns WHERE user_id = ?)", (user,)
+
+    def _session_users(self, conn: Conn, session_ids: Sequence[str]) -> dict[str, tuple[str, ...]]:
+        """The users (sorted, ``""`` left out) whose turns each of ``session_ids`` holds."""
+        if not session_ids or self.schema_version < USERS_SCHEMA_VERSION:
+            return {}
+        found: dict[str, set[str]] = {}
+        for i in range(0, len(session_ids), _SQL_CHUNK):
+            chunk = list(session_ids[i : i + _SQL_CHUNK])
+            marks = ", ".join("?" for _ in chunk)
+            for r in conn.execute(
+                f"SELECT DISTINCT session_id, user_id FROM turns "
+                f"WHERE session_id IN ({marks}) AND user_id != ''",
+                chunk,
+            ).fetchall():
+                found.setdefault(r[0], set()).add(r[1])
+        return {k: tuple(sorted(v)) for k, v in found.items()}
 
     def activity(self, since: float) -> dict[str, float]:
         """Traffic since ``since`` (seconds since the epoch) and totals: ``"requests"`` (calls:
@@ -810,15 +845,21 @@ def _recent_where(
     return where, params
 
 
-def _session_filter(query: str | None, conn: Conn) -> tuple[str, tuple[str, ...]]:
+def _session_filter(
+    query: str | None, conn: Conn, user: tuple[str, tuple[str, ...]] | None = None
+) -> tuple[str, tuple[str, ...]]:
     """``WHERE`` clause and parameters for a session search (LIKE with ``%`` and ``_`` escaped,
-    case-insensitive for ASCII letters on both backends)."""
-    if not query:
-        return "", ()
-    escaped = query.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-    like = f"%{escaped}%"
-    cols = ("id", "COALESCE(client, '')", "source",
-            f"COALESCE({conn.json_text('metadata', 'harness')}, '')")  # fmt: skip
-    return "WHERE " + " OR ".join(f"{c} {conn.like} ? ESCAPE '\\'" for c in cols), (like,) * len(
-        cols
-    )
+    case-insensitive for ASCII letters on both backends), and-ed with ``user``'s condition."""
+    parts: list[str] = []
+    params: tuple[str, ...] = ()
+    if query:
+        escaped = query.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        like = f"%{escaped}%"
+        cols = ("id", "COALESCE(client, '')", "source",
+                f"COALESCE({conn.json_text('metadata', 'harness')}, '')")  # fmt: skip
+        parts.append("(" + " OR ".join(f"{c} {conn.like} ? ESCAPE '\\'" for c in cols) + ")")
+        params = (like,) * len(cols)
+    if user is not None:
+        parts.append(user[0])
+        params = (*params, *user[1])
+    return ("WHERE " + " AND ".join(parts), params) if parts else ("", ())

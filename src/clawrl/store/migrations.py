@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from clawrl.errors import StoreError
 from clawrl.store.db import Conn, Database
 from clawrl.store.schema import MIGRATIONS_TABLE, SCHEMA, SCHEMA_VERSION, render_ddl
+from clawrl.store.users import USERS_SCHEMA_VERSION
 
 
 @dataclass(frozen=True)
@@ -254,6 +255,14 @@ MIGRATIONS: tuple[Migration, ...] = (
         "preference memory: memory_entries, memory_sources, and what a turn's prompt got from it "
         "(turns.memory)",
         _V7,
+    ),
+    Migration(
+        USERS_SCHEMA_VERSION,
+        "users: whose request each turn answered (turns.user_id, '' for none)",
+        (
+            "ALTER TABLE turns ADD COLUMN user_id TEXT NOT NULL DEFAULT ''",
+            "CREATE INDEX idx_turns_user ON turns (user_id, created_at)",
+        ),
     ),
 )
 """Every schema step in order; ``MIGRATIONS[-1].version == SCHEMA_VERSION``."""

@@ -32,6 +32,7 @@ from clawrl.store.types import (
     TurnStatus,
     UntrainableReason,
 )
+from clawrl.store.users import user_id_problem
 
 TURN_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(TurnRecord))
 SESSION_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(SessionRecord))
@@ -69,6 +70,13 @@ def _reason(value: str | None) -> str | None:
         return UntrainableReason(value)
     except ValueError:
         return value
+
+
+def _user_id(value: Any) -> str:
+    problem = user_id_problem(value)
+    if problem is not None:
+        raise StoreError(f"turn.user_id {problem}")
+    return str(value)
 
 
 def turn_to_row(turn: TurnRecord) -> dict[str, Any]:
@@ -134,6 +142,7 @@ def turn_to_row(turn: TurnRecord) -> dict[str, Any]:
         "prefix_len": 0,
         "messages_prefix_len": 0,
         "memory": None if turn.memory is None else dump_json(turn.memory, "turn.memory"),
+        "user_id": _user_id(turn.user_id),
     }
 
 
@@ -171,6 +180,7 @@ def row_to_turn(row: Mapping[str, Any], full: FullTurn) -> TurnRecord:
         completion_ids=decode_ids(full.completion),
         sampling_logprobs=decode_floats(row["sampling_logprobs"]),
         memory=load_json(row["memory"]) if "memory" in row.keys() else None,  # noqa: SIM118
+        user_id=row["user_id"] if "user_id" in row.keys() else "",  # noqa: SIM118
     )
 
 

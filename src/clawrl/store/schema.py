@@ -58,7 +58,7 @@ class _Executes(Protocol):
     def execute(self, sql: str, params: Any = ...) -> Any: ...
 
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 """Version of :data:`SCHEMA`; equals the last migration's version."""
 
 MIGRATIONS_TABLE = """
@@ -146,7 +146,8 @@ CREATE TABLE turns (
     prefix_turn_id TEXT,
     prefix_len INTEGER NOT NULL DEFAULT 0,
     messages_prefix_len INTEGER NOT NULL DEFAULT 0,
-    memory TEXT
+    memory TEXT,
+    user_id TEXT NOT NULL DEFAULT ''
 )""",
     "CREATE INDEX idx_turns_session ON turns (session_id, created_at)",
     "CREATE INDEX idx_turns_output_hash ON turns (output_hash)",
@@ -154,6 +155,7 @@ CREATE TABLE turns (
     "CREATE INDEX idx_turns_seq_hash ON turns (seq_hash)",
     "CREATE INDEX idx_turns_prompt_hash ON turns (prompt_hash)",
     "CREATE INDEX idx_turns_prefix_turn ON turns (prefix_turn_id)",
+    "CREATE INDEX idx_turns_user ON turns (user_id, created_at)",
     """
 CREATE TABLE feedback (
     id TEXT PRIMARY KEY,

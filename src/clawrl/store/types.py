@@ -131,6 +131,9 @@ class TurnRecord:
             ``prompt_ids`` and ``request_messages`` hold it (what the policy saw;
             :func:`clawrl.memory.prompt.without_memory` gives the client's messages back);
             ``None``: nothing.
+        user_id: whose request this turn answered (:mod:`clawrl.gateway.users`: a header, the
+            body's end-user field or the API key, as ``server.user_from`` says); ``""``: no
+            user (the served policy's, as in :class:`clawrl.store.memory.MemoryEntryRecord`).
     """
 
     session_id: str
@@ -162,6 +165,7 @@ class TurnRecord:
     created_at: float = field(default_factory=time.time)
     choice_index: int = 0
     memory: dict[str, Any] | None = None
+    user_id: str = ""
 
     @property
     def seq_ids(self) -> list[int]:
@@ -207,6 +211,7 @@ class SessionSummary:
     prompt_tokens: int  # summed over turns
     completion_tokens: int  # summed over turns
     last_turn_at: float | None
+    user_ids: tuple[str, ...] = ()  # whose turns it holds (sorted; turns without a user left out)
 
 
 @dataclass

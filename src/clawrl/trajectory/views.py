@@ -187,7 +187,12 @@ def _short_ids(ids: list[str], all_ids: list[str]) -> list[str]:
 
 
 def list_sessions_table(
-    store: Store, limit: int = 50, offset: int = 0, *, width: int | None = None
+    store: Store,
+    limit: int = 50,
+    offset: int = 0,
+    *,
+    width: int | None = None,
+    user: str | None = None,
 ) -> Table:
     """A table of sessions, newest first: id, source, client, created, ended, turns, trainable,
     side, failed, tokens (prompt/completion), feedback, and a harness session's rollout
@@ -199,6 +204,7 @@ def list_sessions_table(
             ids apart; ``sessions show`` takes any unique prefix), client, created (without the
             year), turns, trainable, failed and tokens, so that nothing is cut at 80 columns.
             ``None``: the full table.
+        user: only sessions with this user's turns (``""``: turns that named no user).
     """
     compact = width is not None and width < COMPACT_BELOW
     table = Table(
@@ -212,6 +218,7 @@ def list_sessions_table(
         ("session", "left", True),
         ("source", "left", False),
         ("client", "left", True),
+        ("user", "left", False),
         ("created", "left", True),
         ("ended", "left", False),
         ("turns", "right", True),
@@ -223,7 +230,7 @@ def list_sessions_table(
         ("rollout", "left", False),
     ]
     shown = [name for name, _, essential in columns if essential or not compact]
-    rows = store.list_sessions(limit=limit, offset=offset)
+    rows = store.list_sessions(limit=limit, offset=offset, user=user)
     harness_ids = [r.session.id for r in rows if r.session.source == SessionSource.HARNESS]
     rollouts = {x.rollout.id: x for x in store.rollout_results(rollout_ids=harness_ids)}
     ids = _short_ids([r.session.id for r in rows], store.session_ids()) if compact else None
@@ -248,6 +255,7 @@ def list_sessions_table(
             "session": ids[i] if ids else s.session.id,
             "source": s.session.source.value,
             "client": s.session.client or "-",
+            "user": ", ".join(s.user_ids) or "-",
             "created": created[5:16] if compact and created != "-" else created,
             "ended": _when(s.session.ended_at),
             "turns": str(s.turns),

@@ -182,11 +182,13 @@ function renderOverview(d) {
 
 const params = new URLSearchParams(location.search);
 let sessionQuery = params.get("q") || "";
+let sessionUser = params.get("user");  // null: every user's sessions; "" : requests with no user
 let sessionOffset = Math.max(0, Number(params.get("offset")) || 0);
 const PAGE = 100;
 function setSessionUrl() {
   const q = new URLSearchParams();
   if (sessionQuery) q.set("q", sessionQuery);
+  if (sessionUser !== null) q.set("user", sessionUser);
   if (sessionOffset) q.set("offset", String(sessionOffset));
   history.replaceState(null, "", q.toString() ? `?${q}` : location.pathname);
 }
@@ -194,21 +196,34 @@ function pager(d) {
   const first = d.total ? d.offset + 1 : 0, last = d.offset + d.sessions.length;
   const go = (offset) => () => { sessionOffset = Math.max(0, offset); setSessionUrl(); refresh(); };
   return el("div", { class: "pager" },
-    el("span", { class: "muted", id: "session-count", text: `${first}–${last} of ${d.total} session(s)${d.query ? ` matching “${d.query}”` : ", newest first"}` }),
+    el("span", { class: "muted", id: "session-count", text: `${first}–${last} of ${d.total} session(s)${d.user !== null && d.user !== undefined ? ` of user “${d.user || "(none)"}”` : ""}${d.query ? ` matching “${d.query}”` : ", newest first"}` }),
+    d.user !== null && d.user !== undefined ? el("button", { onclick: filterUser(null), text: "all users" }) : null,
     d.offset > 0 ? el("button", { onclick: go(d.offset - PAGE), text: "← newer" }) : null,
     last < d.total ? el("button", { onclick: go(d.offset + PAGE), text: "older →" }) : null);
+}
+function filterUser(user) {
+  return (e) => { if (e) e.preventDefault(); sessionUser = user; sessionOffset = 0; setSessionUrl(); refresh(); };
+}
+function userCell(users) {
+  if (!users || !users.length) return el("td", { class: "muted", text: "–" });
+  const cell = el("td", {});
+  users.forEach((u, i) => {
+    if (i) cell.append(", ");
+    cell.append(el("a", { href: `?user=${encodeURIComponent(u)}`, class: "user", "data-user": u, onclick: filterUser(u), text: u }));
+  });
+  return cell;
 }
 function renderSessions(d) {
   const rows = d.sessions.map((s) => el("tr", { "data-session": s.id },
     el("td", {}, el("a", { href: sessionHref(s.id), class: "mono", text: s.id.length > 20 ? s.id.slice(0, 20) + "…" : s.id })),
-    el("td", { text: s.client || "–" }), el("td", { text: s.harness || "–" }), el("td", { text: s.attribution }),
+    el("td", { text: s.client || "–" }), userCell(s.users), el("td", { text: s.harness || "–" }), el("td", { text: s.attribution }),
     el("td", { text: String(s.turns) }), el("td", { text: String(s.trainable) }),
     el("td", { text: String(s.side) }), el("td", { text: String(s.failed) }),
     el("td", { text: String(s.tokens) }), el("td", {}, when(s.last_activity)),
     el("td", { text: s.ended ? "ended" : "open" })));
   return [
     pager(d),
-    rows.length ? table(["session", "client", "harness", "attribution", "turns", "trainable turns", "side", "failed", "tokens", "last activity", "state"], rows, "sessions")
+    rows.length ? table(["session", "client", "user", "harness", "attribution", "turns", "trainable turns", "side", "failed", "tokens", "last activity", "state"], rows, "sessions")
       : el("p", { class: "muted", text: "no sessions yet: send a request to the gateway" }),
   ];
 }
@@ -361,7 +376,7 @@ function renderMemory(d) {
 // -- polling ---------------------------------------------------------------------------------
 const PAGES = {
   overview: { api: () => "overview", render: renderOverview },
-  sessions: { api: () => `sessions?q=${encodeURIComponent(sessionQuery)}&limit=${PAGE}&offset=${sessionOffset}`, render: renderSessions },
+  sessions: { api: () => `sessions?q=${encodeURIComponent(sessionQuery)}&limit=${PAGE}&offset=${sessionOffset}${sessionUser !== null ? `&user=${encodeURIComponent(sessionUser)}` : ""}`, render: renderSessions },
   session: { api: () => `session?id=${encodeURIComponent(body.dataset.session)}`, render: renderSession },
   training: { api: () => "training", render: renderTraining },
   judge: { api: () => "judge", render: renderJudge },

@@ -1,0 +1,61 @@
+"""``clawrl users list`` and ``clawrl sessions list --user`` on a store file; the console line
+names the user."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from clawrl.cli import main
+from clawrl.cli.serve import request_line
+from clawrl.errors import StoreError
+from clawrl.store import SessionSource, Store, TurnRecord
+from clawrl.store.db import open_database
+from clawrl.store.migrations import migrate
+
+
+def _record(db: str, session: str, user: str) -> TurnRecord:
+    with Store(db) as store:
+        store.get_or_create_session(session, SessionSource.HEADER)
+        turn = TurnRecord(session_id=session, prompt_ids=[1, 2], completion_ids=[3],
+                          sampling_logprobs=[-0.1], user_id=user)  # fmt: skip
+        store.record_turn(turn)
+    return turn
+
+
+def test_users_list_and_the_sessions_of_one_user(tmp_path, capsys):
+    db = str(tmp_path / "u.db")
+    Store(db).close()
+    assert main(["users", "list", "--store", db]) == 0
+    assert "no turns recorded yet" in capsys.readouterr().out
+    turn = _record(db, "sess-alice", "alice")
+    _record(db, "sess-bob", "bob")
+    _record(db, "sess-anon", "")
+    assert main(["users", "list", "--store", db]) == 0
+    out = capsys.readouterr().out
+    assert "users: 3" in out and "alice" in out and "bob" in out and "(none)" in out
+    assert main(["users", "list", "--json", "--store", db]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert {r["user_id"]: r["turns"] for r in rows} == {"alice": 1, "bob": 1, "": 1}
+    assert main(["sessions", "list", "--user", "alice", "--store", db]) == 0
+    out = capsys.readouterr().out
+    assert "sess-alice" in out and "sess-bob" not in out and "sess-anon" not in out
+    assert " user alice turn " in request_line([turn])
+
+
+def test_a_store_from_before_users_is_migrated_or_says_how(tmp_path, capsys):
+    db = str(tmp_path / "old.db")
+    old = open_database(db)
+    try:
+        assert migrate(old, target=7) == 7
+    finally:
+        old.close()
+    with Store(db, read_only=True) as store:  # read-only: never migrated
+        with pytest.raises(StoreError, match=r"schema version 7.*clawrl store migrate"):
+            store.users()
+        assert [s.session.id for s in store.list_sessions(user="")] == []
+    assert main(["users", "list", "--store", db]) == 0  # an older file is migrated on open
+    assert "no turns recorded yet" in capsys.readouterr().out
+    with Store(db, read_only=True) as store:
+        assert store.schema_version == 8
