@@ -26,7 +26,7 @@ import pytest
 
 from clawrl.engine import Engine, FinishReason, SamplingParams, TransformersEngine
 from clawrl.engine.scripted import ScriptedEngine
-from clawrl.errors import ContextLengthError, EngineClosedError
+from clawrl.errors import ContextLengthError, EngineClosedError, EngineError
 from clawrl.models import tiny_policy, tokenizer_fingerprint
 
 from .conftest import trained_adapter
@@ -43,6 +43,8 @@ class Case:
         deterministic_text: a completion text the engine will sample for any prompt, if known.
         batch_invariant: a request's ids and log-probs do not depend on the requests decoded
             with it (a remote server's batched kernels may differ by float error).
+        adapter: ``seed -> directory`` of a LoRA adapter for ``load_adapter``; ``None``: the
+            backend serves no per-request adapters (it must say so).
     """
 
     engine: Engine
@@ -50,6 +52,7 @@ class Case:
     weights: Callable[[int], Any]
     deterministic_text: str | None = None
     batch_invariant: bool = True
+    adapter: Callable[[int], Any] | None = None
 
 
 @functools.cache
@@ -57,7 +60,7 @@ def _tiny(arch: str) -> Any:
     return tiny_policy(seed=11, max_context=96, arch=arch)
 
 
-def _transformers(arch: str = "llama") -> Iterator[Case]:
+def _transformers(arch: str = "llama", root: Any = None) -> Iterator[Case]:
     import torch
 
     # a fresh copy of the weights per test: version swaps overwrite them
@@ -72,7 +75,13 @@ def _transformers(arch: str = "llama") -> Iterator[Case]:
             if v.is_floating_point()
         }
 
-    yield Case(engine, policy.tokenizer, weights)
+    def adapter(seed: int) -> Any:
+        path = root / f"adapter-{seed}"
+        if not path.exists():
+            trained_adapter(policy.model, path, seed, rank=4, scale=0.05)
+        return path
+
+    yield Case(engine, policy.tokenizer, weights, adapter=adapter)
     engine.close()
 
 
@@ -80,7 +89,8 @@ def _scripted() -> Iterator[Case]:
     tok = tiny_policy(seed=0).tokenizer
     text = "The answer is four, as two plus two makes four in every base above four."
     engine = ScriptedEngine(tok, default_reply=text, max_context=96, token_delay_s=0.001)
-    yield Case(engine, tok, lambda version: None, deterministic_text=text)
+    yield Case(engine, tok, lambda version: None, deterministic_text=text,
+               adapter=lambda seed: f"scripted-{seed}")  # fmt: skip
     engine.close()
 
 
@@ -104,9 +114,11 @@ def _vllm(request: pytest.FixtureRequest) -> Iterator[Case]:
 
 
 BACKENDS: dict[str, Callable[[pytest.FixtureRequest], Iterator[Case]]] = {
-    "transformers": lambda request: _transformers(),
+    "transformers": lambda request: _transformers(root=request.getfixturevalue("tmp_path")),
     **{
-        f"transformers-{arch}": lambda request, arch=arch: _transformers(arch)
+        f"transformers-{arch}": lambda request, arch=arch: _transformers(
+            arch, request.getfixturevalue("tmp_path")
+        )
         for arch in ("mistral", "qwen2", "gemma2", "gemma3", "phi3")
     },
     "scripted": lambda request: _scripted(),
@@ -250,6 +262,37 @@ def test_version_swap_between_requests(case):
     with pytest.raises(ValueError, match="increase"):
         engine.load_policy(1, case.weights(1))
     assert isinstance(engine.load_policy(2, case.weights(2)), concurrent.futures.Future)
+
+
+def test_per_request_adapters(case):
+    """A request naming an adapter is served with the version loaded under that name (each
+    adapter's versions only increase); an unknown or unloaded name is an ``EngineError``. A
+    backend without per-request adapters says so the same way."""
+    engine = case.engine
+    prompt = _prompt(case)
+    params = SamplingParams(max_tokens=4, temperature=1.0, seed=2, adapter="alice")
+    if case.adapter is None:
+        with pytest.raises(EngineError, match="not served"):
+            engine.load_adapter("alice", 1, "/nonexistent").result(timeout=30)
+        with pytest.raises(EngineError, match="not served"):
+            run(engine.generate(prompt, params))
+        return
+    with pytest.raises(EngineError, match="alice"):
+        run(engine.generate(prompt, params))
+    assert engine.load_adapter("alice", 1, case.adapter(1)).result(timeout=60) == 1
+    c = run(engine.generate(prompt, params))
+    events = run(_stream(engine, prompt, params))
+    assert c.adapter_version == 1 and {e.adapter_version for e in events} == {1}
+    assert [e.token_id for e in events] == c.token_ids
+    plain = run(engine.generate(prompt, dataclasses.replace(params, adapter=None)))
+    assert plain.adapter_version is None
+    with pytest.raises(ValueError, match="increase"):
+        engine.load_adapter("alice", 1, case.adapter(1)).result(timeout=60)
+    assert engine.load_adapter("alice", 2, case.adapter(2)).result(timeout=60) == 2
+    assert run(engine.generate(prompt, params)).adapter_version == 2
+    assert engine.unload_adapter("alice").result(timeout=60) is None
+    with pytest.raises(EngineError, match="alice"):
+        run(engine.generate(prompt, params))
 
 
 def test_cancelling_a_stream_frees_the_request(case):

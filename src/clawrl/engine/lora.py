@@ -39,12 +39,29 @@ class UnsupportedAdapter(ValueError):
     """The adapter uses a PEFT feature this merger does not implement (served through PEFT)."""
 
 
+LoraFactors = tuple[torch.Tensor, torch.Tensor, float]
+"""One module's LoRA: ``A`` ``[r, in]``, ``B`` ``[out, r]`` (float32) and the scale ``s``."""
+
+
 def lora_deltas(path: str | Path) -> dict[str, torch.Tensor]:
     """ΔW per module of the adapter saved in directory ``path``.
 
     Returns:
         module path (as in ``model.named_modules()``, e.g. ``model.layers.0.self_attn.q_proj``)
         -> ``[out, in]`` float32 tensor ``(B @ A) · s``.
+
+    Raises:
+        the errors of :func:`lora_factors`.
+    """
+    return {name: (b @ a) * scale for name, (a, b, scale) in lora_factors(path).items()}
+
+
+def lora_factors(path: str | Path) -> dict[str, LoraFactors]:
+    """``(A, B, s)`` per module of the plain LoRA adapter saved in directory ``path`` (A and B
+    as float32; :class:`clawrl.engine.row_adapters.RowAdapters` applies them unmerged).
+
+    Returns:
+        module path (as in ``model.named_modules()``) -> ``(A [r, in], B [out, r], s)``.
 
     Raises:
         UnsupportedAdapter: a feature beyond plain LoRA (see the module docstring).
@@ -83,12 +100,12 @@ def lora_deltas(path: str | Path) -> dict[str, torch.Tensor]:
             raise UnsupportedAdapter(f"{root}: tensor {key!r} is not a LoRA A or B matrix")
     if a_mats.keys() != b_mats.keys():
         raise ValueError(f"{root}: LoRA A and B matrices do not pair up")
-    out = {}
+    out: dict[str, LoraFactors] = {}
     for name, a in a_mats.items():
         b = b_mats[name]
         if a.shape[0] != b.shape[1]:
             raise ValueError(f"{root}: {name}: A is {tuple(a.shape)}, B is {tuple(b.shape)}")
-        out[name] = (b.float() @ a.float()) * scale
+        out[name] = (a.float(), b.float(), scale)
     return out
 
 

@@ -83,6 +83,7 @@ class ScriptedEngine(InProcessFacts):
         self.cancelled = 0
         self._lock = threading.Lock()
         self._closed = False
+        self.adapters: dict[str, int] = {}  # name -> version (weights ignored, as the policy's)
 
     def _next_reply(self, prompt: list[int], params: SamplingParams) -> Reply:
         if self.reply_fn is not None:
@@ -104,6 +105,8 @@ class ScriptedEngine(InProcessFacts):
             raise ContextLengthError(len(prompt), self.max_context)
         if self._closed:
             raise EngineClosedError("engine is closed")
+        if params.adapter is not None and params.adapter not in self.adapters:
+            raise EngineError(f"no adapter named {params.adapter!r} is loaded")
         with self._lock:
             self.prompts.append(prompt)
             self.params.append(params)
@@ -138,6 +141,7 @@ class ScriptedEngine(InProcessFacts):
         """
         ids, finish = self._plan(prompt_ids, params)
         version = self.policy_version
+        adapter = None if params.adapter is None else self.adapters[params.adapter]
         done = False
         try:
             for k, token in enumerate(ids):
@@ -150,7 +154,9 @@ class ScriptedEngine(InProcessFacts):
                 if params.logprobs_top_k > 1:
                     tops += [(0, -20.0)] * (params.logprobs_top_k - 1)
                 self.stats.generated_tokens += 1
-                yield TokenEvent(token, self.logprob_at(k), tops, finish if last else None, version)
+                yield TokenEvent(
+                    token, self.logprob_at(k), tops, finish if last else None, version, adapter
+                )
             done = True
         finally:
             if not done:
@@ -177,6 +183,7 @@ class ScriptedEngine(InProcessFacts):
             top_logprobs=tops,
             time_to_first_token=0.0,
             latency=time.perf_counter() - start,
+            adapter_version=None if params.adapter is None else self.adapters[params.adapter],
         )
 
     async def score(
@@ -233,6 +240,29 @@ class ScriptedEngine(InProcessFacts):
         self.policy_version = version
         fut: concurrent.futures.Future[int] = concurrent.futures.Future()
         fut.set_result(version)
+        return fut
+
+    def load_adapter(
+        self, name: str, version: int, adapter_dir: object
+    ) -> concurrent.futures.Future[int]:
+        """Adopt ``version`` of adapter ``name`` at once (its weights are ignored, as the
+        policy's); the future fails with ``ValueError`` for a version that does not increase."""
+        fut: concurrent.futures.Future[int] = concurrent.futures.Future()
+        current = self.adapters.get(name)
+        if current is not None and version <= current:
+            fut.set_exception(
+                ValueError(f"adapter {name!r}: versions only increase ({version} <= {current})")
+            )
+            return fut
+        self.adapters[name] = int(version)
+        fut.set_result(int(version))
+        return fut
+
+    def unload_adapter(self, name: str) -> concurrent.futures.Future[None]:
+        """Forget adapter ``name``."""
+        self.adapters.pop(name, None)
+        fut: concurrent.futures.Future[None] = concurrent.futures.Future()
+        fut.set_result(None)
         return fut
 
     def close(self) -> None:

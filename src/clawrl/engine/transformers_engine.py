@@ -23,6 +23,12 @@ Batching modes (``engine.batching``):
   built; :func:`cache_blocker` checks every prefilled cache, and the engine turns serial if one
   cannot join the batch.
 
+Per-request adapters (a user's LoRA, ``SamplingParams.adapter``): :meth:`load_adapter` loads a
+PEFT adapter under a name; rows of different adapters, and rows without one, decode in the same
+batch, each adapter added unmerged to its own rows only (:mod:`clawrl.engine.row_adapters`).
+A newer version of an adapter serves the next request at once (no stall); rows finish on the
+version they started with.
+
 Policy versions: :meth:`TransformersEngine.load_policy` queues new weights; the engine stops
 admitting new requests, lets the rows in flight finish on the version they started with, swaps
 the weights between two decode steps, then admits the queued requests on the new version. No
@@ -48,6 +54,7 @@ import torch
 
 from clawrl.engine import inputs
 from clawrl.engine.lora import MergedLora, UnsupportedAdapter, lora_deltas
+from clawrl.engine.row_adapters import AdapterKey, RowAdapters
 from clawrl.engine.sampling import is_greedy, processed_logprobs, sample_rows
 from clawrl.engine.types import (
     Completion,
@@ -95,14 +102,26 @@ class _SwapRequest:
 
 
 @dataclass
+class _AdapterRequest:
+    name: str
+    version: int | None  # None: unload
+    path: Path | None
+    future: concurrent.futures.Future[Any]
+
+
+@dataclass
 class _Row:
     req: _GenRequest
     version: int
+    adapter: AdapterKey | None = None
     generated: list[int] = field(default_factory=list)
     real_len: int = 0  # tokens in the cache that belong to this row (prompt + generated)
     generator: torch.Generator | None = None
     stop_ids: frozenset[int] = frozenset()
     pending: TokenEvent | None = None  # the event of the token sampled this step
+
+
+_Item = _GenRequest | _ScoreRequest | _SwapRequest | _AdapterRequest
 
 
 class TransformersEngine(InProcessFacts):
@@ -118,6 +137,8 @@ class TransformersEngine(InProcessFacts):
         decode_text: ``ids -> str``, needed only for stop strings (usually ``tokenizer.decode``).
         tokenizer_id: the fingerprint of the tokenizer the ids belong to
             (:func:`clawrl.models.tokenizer_fingerprint`; ``from_policy`` sets it).
+        max_adapters: most per-request adapters held in memory (:meth:`load_adapter`); the
+            least recently used beyond it are dropped and reloaded from disk when asked for.
 
     Attributes:
         batching: ``"continuous"`` (:data:`CONTINUOUS`: up to ``max_batch`` rows decode together)
@@ -137,6 +158,7 @@ class TransformersEngine(InProcessFacts):
         policy_version: int = 0,
         decode_text: Callable[[list[int]], str] | None = None,
         tokenizer_id: str = "",
+        max_adapters: int = 8,
     ) -> None:
         self.model = model.eval()
         self.tokenizer_id = tokenizer_id
@@ -154,10 +176,12 @@ class TransformersEngine(InProcessFacts):
         if (why := config_blocker(getattr(model, "config", None))) is not None:
             self._go_serial(why)
         self._lora = MergedLora(self.model)  # LoRA versions are served as merged weights
-        self._inbox: queue.Queue[_GenRequest | _ScoreRequest | _SwapRequest | None] = queue.Queue()
+        self.adapters = RowAdapters(self.model, max_adapters)  # per-request (users') adapters
+        self._inbox: queue.Queue[_Item | None] = queue.Queue()
         self._waiting: list[_GenRequest] = []
         self._scores: list[_ScoreRequest] = []
         self._swaps: list[_SwapRequest] = []
+        self._adapter_ops: list[_AdapterRequest] = []
         self._rows: list[_Row] = []
         self._cache: Any = None  # DynamicCache of the running batch
         self._mask: torch.Tensor | None = None  # [B, L] 1 = real token, 0 = left padding
@@ -196,6 +220,7 @@ class TransformersEngine(InProcessFacts):
         ttft = 0.0
         finish = FinishReason.LENGTH
         version = self.policy_version
+        adapter_version: int | None = None
         async for ev in self.generate_stream(prompt_ids, params):
             if not ids:
                 ttft = time.perf_counter() - start
@@ -203,6 +228,7 @@ class TransformersEngine(InProcessFacts):
             lps.append(ev.logprob)
             tops.append(ev.top_logprobs)
             version = ev.policy_version
+            adapter_version = ev.adapter_version
             if ev.finish_reason is not None:
                 finish = ev.finish_reason
         return Completion(
@@ -215,6 +241,7 @@ class TransformersEngine(InProcessFacts):
             stop_string=self._matched_stop(ids, params) if finish == FinishReason.STOP else None,
             time_to_first_token=ttft,
             latency=time.perf_counter() - start,
+            adapter_version=adapter_version,
         )
 
     async def generate_stream(
@@ -334,6 +361,33 @@ class TransformersEngine(InProcessFacts):
         self._inbox.put(_SwapRequest(int(version), weights, fut))
         return fut
 
+    def load_adapter(
+        self, name: str, version: int, adapter_dir: str | Path
+    ) -> concurrent.futures.Future[int]:
+        """Serve requests naming ``name`` (``SamplingParams.adapter``) with the plain LoRA
+        adapter at ``adapter_dir``, as ``version`` of it; see :meth:`clawrl.engine.Engine.load_adapter`.
+
+        The future fails with ``ValueError`` (a version that does not increase, a module that is
+        not a linear layer of the adapter's shape), :class:`~clawrl.engine.lora.UnsupportedAdapter`
+        (DoRA, bias, ... : only plain LoRA is served per request) or ``FileNotFoundError``.
+        """
+        fut: concurrent.futures.Future[int] = concurrent.futures.Future()
+        if self._closed:
+            fut.set_exception(EngineClosedError("engine is closed"))
+            return fut
+        self._inbox.put(_AdapterRequest(str(name), int(version), Path(adapter_dir), fut))
+        return fut
+
+    def unload_adapter(self, name: str) -> concurrent.futures.Future[None]:
+        """Stop serving adapter ``name`` (rows on it finish); see
+        :meth:`clawrl.engine.Engine.unload_adapter`."""
+        fut: concurrent.futures.Future[None] = concurrent.futures.Future()
+        if self._closed:
+            fut.set_exception(EngineClosedError("engine is closed"))
+            return fut
+        self._inbox.put(_AdapterRequest(str(name), None, None, fut))
+        return fut
+
     def close(self) -> None:
         """Stop the engine thread; pending and running requests get :class:`EngineClosedError`."""
         if self._closed:
@@ -347,8 +401,10 @@ class TransformersEngine(InProcessFacts):
     def _loop(self) -> None:
         torch.set_grad_enabled(False)
         while True:
-            idle = not (self._rows or self._waiting or self._scores or self._swaps)
-            item: _GenRequest | _ScoreRequest | _SwapRequest | EllipsisType | None
+            idle = not (
+                self._rows or self._waiting or self._scores or self._swaps or self._adapter_ops
+            )
+            item: _Item | EllipsisType | None
             try:
                 item = self._inbox.get(timeout=0.5) if idle else self._inbox.get_nowait()
             except queue.Empty:
@@ -368,16 +424,20 @@ class TransformersEngine(InProcessFacts):
                 log.exception("engine step failed")
                 self._fail_all(EngineError(f"engine step failed: {e}"))
 
-    def _accept(self, item: _GenRequest | _ScoreRequest | _SwapRequest) -> None:
+    def _accept(self, item: _Item) -> None:
         if isinstance(item, _GenRequest):
             self._waiting.append(item)
         elif isinstance(item, _ScoreRequest):
             self._scores.append(item)
+        elif isinstance(item, _AdapterRequest):
+            self._adapter_ops.append(item)
         else:
             self._swaps.append(item)
 
     def _step(self) -> None:
         self._drop_cancelled()
+        if self._adapter_ops:  # at once: rows keep the adapter version they started with
+            self._apply_adapter_ops()
         if self._swaps and not self._rows:
             self._apply_swaps()
         if self._scores:
@@ -418,6 +478,8 @@ class TransformersEngine(InProcessFacts):
             req = self._waiting.pop(0)
             try:
                 self._prefill(req)
+            except EngineError as e:  # refused (an adapter that is not loaded): no traceback
+                req.emit(e)
             except Exception as e:
                 log.exception("prefill failed")
                 req.emit(EngineError(f"prefill failed: {e}"))
@@ -426,13 +488,22 @@ class TransformersEngine(InProcessFacts):
         ids = torch.tensor([req.prompt_ids], dtype=torch.long, device=self._device)
         # serial: the model builds its own cache
         given = {self._cache_kw: _batch_cache()} if self.batching == CONTINUOUS else {}
-        # logits of the last position only: a 10k-token prompt would otherwise materialise a
-        # [10k, vocab] float tensor (~2 GB for SmolLM2's 49k vocabulary)
-        out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **given)
+        adapter = self._acquire_adapter(req)
+        try:
+            # logits of the last position only: a 10k-token prompt would otherwise materialise
+            # a [10k, vocab] float tensor (~2 GB for SmolLM2's 49k vocabulary)
+            with self.adapters.rows([adapter]):
+                out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **given)
+        except BaseException:
+            if adapter is not None:
+                self.adapters.release(adapter)
+            raise
         cache = _output_cache(out, given.get(self._cache_kw))
         if self.batching == CONTINUOUS:
             why = cache_blocker(cache, len(req.prompt_ids))
             if why is not None:
+                if adapter is not None:
+                    self.adapters.release(adapter)
                 self._go_serial(why)
                 # prefilled again on the serial path (after the rows running, if any): the
                 # cache given here may not hold the model's state (RWKV returns its own)
@@ -448,11 +519,47 @@ class TransformersEngine(InProcessFacts):
             frozenset() if req.params.ignore_eos else self.eos_token_ids
         )
         row = _Row(
-            req, self.policy_version, real_len=len(req.prompt_ids), generator=gen, stop_ids=stop_ids
-        )
+            req, self.policy_version, adapter=adapter, real_len=len(req.prompt_ids),
+            generator=gen, stop_ids=stop_ids,
+        )  # fmt: skip
         token = self._sample([row], out.logits[:, -1, :])[0]
         self._merge(row, cache, token)
         self._after_sample([row], [token])
+
+    def _acquire_adapter(self, req: _GenRequest) -> AdapterKey | None:
+        """The adapter version a new row is served with (held until the row leaves).
+
+        Raises:
+            EngineError: the request names an adapter that is not loaded.
+        """
+        if req.params.adapter is None:
+            return None
+        try:
+            return self.adapters.acquire(req.params.adapter)
+        except LookupError as e:
+            raise EngineError(str(e)) from None
+
+    def _apply_adapter_ops(self) -> None:
+        ops, self._adapter_ops = self._adapter_ops, []
+        for op in ops:
+            try:
+                if op.version is None:
+                    self.adapters.unload(op.name)
+                    _settle(op.future, result=None)
+                    continue
+                from peft import PeftModel
+
+                if isinstance(self.model, PeftModel):
+                    raise EngineError(
+                        "per-request adapters need a plain model; this engine serves its policy "
+                        "through PEFT (an adapter merging cannot serve)"
+                    )
+                assert op.path is not None
+                self.adapters.load(op.name, op.version, op.path)
+                _settle(op.future, result=op.version)
+            except Exception as e:
+                log.warning("adapter %r version %s not loaded: %s", op.name, op.version, e)
+                _settle(op.future, error=e)
 
     def _merge(self, row: _Row, cache: Any, token: int) -> None:
         """Add a prefilled row (batch 1 cache of length P) to the running batch.
@@ -484,6 +591,10 @@ class TransformersEngine(InProcessFacts):
 
     def _select(self, keep: list[int]) -> None:
         """Keep only rows ``keep`` and trim columns that are padding in every remaining row."""
+        kept = set(keep)
+        for i, row in enumerate(self._rows):
+            if i not in kept and row.adapter is not None:
+                self.adapters.release(row.adapter)
         self._rows = [self._rows[i] for i in keep]
         if not self._rows:
             self._cache = self._mask = self._last = None
@@ -509,13 +620,14 @@ class TransformersEngine(InProcessFacts):
         )
         ones = torch.ones(len(rows), 1, dtype=torch.long, device=self._device)
         mask = torch.cat([self._mask, ones], dim=1)
-        out = self.model(
-            input_ids=self._last[:, None],
-            attention_mask=mask,
-            position_ids=positions,
-            use_cache=True,
-            **{self._cache_kw: self._cache},
-        )
+        with self.adapters.rows([r.adapter for r in rows]):
+            out = self.model(
+                input_ids=self._last[:, None],
+                attention_mask=mask,
+                position_ids=positions,
+                use_cache=True,
+                **{self._cache_kw: self._cache},
+            )
         self._mask = mask
         for r in rows:
             r.real_len += 1
@@ -530,7 +642,8 @@ class TransformersEngine(InProcessFacts):
         RWKV returns ``state``, not a cache), at O(length) per token."""
         (row,) = self._rows
         seq = torch.tensor([row.req.prompt_ids + row.generated], device=self._device)
-        out = self.model(input_ids=seq, use_cache=False, logits_to_keep=1)
+        with self.adapters.rows([row.adapter]):
+            out = self.model(input_ids=seq, use_cache=False, logits_to_keep=1)
         row.real_len += 1
         self.stats.decode_steps += 1
         tokens = self._sample([row], out.logits[:, -1, :])
@@ -553,7 +666,10 @@ class TransformersEngine(InProcessFacts):
                 vals, idx = torch.topk(logprobs[i], min(k, logprobs.shape[-1]))
                 tops = [(int(a), float(b)) for a, b in zip(idx, vals, strict=True)]
             row.generated.append(tok)
-            row.pending = TokenEvent(tok, float(logprobs[i, tok]), tops, None, row.version)
+            row.pending = TokenEvent(
+                tok, float(logprobs[i, tok]), tops, None, row.version,
+                None if row.adapter is None else row.adapter[1],
+            )  # fmt: skip
         self.stats.generated_tokens += len(rows)
         return tokens
 
@@ -699,6 +815,8 @@ class TransformersEngine(InProcessFacts):
 
     def _fail_all(self, err: BaseException) -> None:
         for row in self._rows:
+            if row.adapter is not None:
+                self.adapters.release(row.adapter)
             row.req.emit(err)
         for req in self._waiting:
             req.emit(err)
@@ -712,6 +830,8 @@ class TransformersEngine(InProcessFacts):
             _settle(s.future, error=err)
         for w in self._swaps:
             _settle(w.future, error=err)
+        for a in self._adapter_ops:
+            _settle(a.future, error=err)
 
 
 def config_blocker(config: Any) -> str | None:

@@ -39,6 +39,9 @@ class SamplingParams:
             when the request runs alone.
         logprobs_top_k: also return the top-k alternatives per position (0 = none).
         ignore_eos: do not stop at the EOS token.
+        adapter: serve this request with the LoRA adapter loaded under this name
+            (:meth:`Engine.load_adapter`: a user's adapter) on top of the policy; ``None``:
+            the policy alone.
     """
 
     max_tokens: int = 256
@@ -50,6 +53,7 @@ class SamplingParams:
     seed: int | None = None
     logprobs_top_k: int = 0
     ignore_eos: bool = False
+    adapter: str | None = None
 
 
 @dataclass
@@ -64,6 +68,8 @@ class TokenEvent:
             most likely first (empty unless ``logprobs_top_k > 0``).
         finish_reason: set on the last event only.
         policy_version: version of the weights that sampled this token.
+        adapter_version: version of the request's adapter (``SamplingParams.adapter``) that
+            sampled it; ``None`` without one.
     """
 
     token_id: int
@@ -71,6 +77,7 @@ class TokenEvent:
     top_logprobs: list[tuple[int, float]] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     policy_version: int = 0
+    adapter_version: int | None = None
 
 
 @dataclass
@@ -87,6 +94,8 @@ class Completion:
         stop_string: the stop string that ended it, if any.
         time_to_first_token: seconds from admission to the first sampled token (prefill).
         latency: seconds from admission to the last token.
+        adapter_version: version of the request's adapter that sampled every token of it
+            (``None`` without one).
     """
 
     token_ids: list[int]
@@ -98,6 +107,7 @@ class Completion:
     stop_string: str | None = None
     time_to_first_token: float = 0.0
     latency: float = 0.0
+    adapter_version: int | None = None
 
 
 @dataclass
@@ -218,6 +228,23 @@ class Engine(Protocol):
         Raises:
             ValueError: ``version`` does not increase.
         """
+        ...
+
+    def load_adapter(
+        self, name: str, version: int, adapter_dir: str | Path
+    ) -> concurrent.futures.Future[int]:
+        """Serve requests that name ``name`` (``SamplingParams.adapter``) with the PEFT LoRA
+        adapter at ``adapter_dir`` on top of the policy, as ``version`` of that adapter (a
+        user's adapter). Requests already running on an older version finish on it. The future
+        resolves with ``version`` once new requests get it (or with the error that refused it:
+        ``ValueError`` for a version that does not increase, ``EngineError`` where the engine
+        serves no per-request adapters).
+        """
+        ...
+
+    def unload_adapter(self, name: str) -> concurrent.futures.Future[None]:
+        """Stop serving adapter ``name``: later requests naming it fail with ``EngineError``;
+        requests running on it finish. Unknown names resolve at once."""
         ...
 
     def use_base_adapter(self, adapter_dir: str | Path) -> None:

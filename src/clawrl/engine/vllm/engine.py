@@ -132,6 +132,12 @@ class _Version:
     inflight: int = 0
 
 
+_NO_ADAPTERS = (
+    "per-request (per-user) adapters are not served on vLLM yet: serve with the in-process "
+    "engine (engine.backend = 'transformers'), or leave SamplingParams.adapter unset"
+)
+
+
 class VLLMEngine:
     """An :class:`clawrl.engine.Engine` over vLLM servers (see the module docstring).
 
@@ -451,6 +457,22 @@ class VLLMEngine:
 
         return Path(tempfile.gettempdir()) / f"clawrl-vllm-{self._run}"
 
+    def load_adapter(
+        self, name: str, version: int, adapter_dir: str | Path
+    ) -> concurrent.futures.Future[int]:
+        """Not served on vLLM yet: the future fails with :class:`EngineError` saying so
+        (per-request adapters run on the in-process engine; see
+        :meth:`clawrl.engine.Engine.load_adapter`)."""
+        fut: concurrent.futures.Future[int] = concurrent.futures.Future()
+        fut.set_exception(EngineError(_NO_ADAPTERS))
+        return fut
+
+    def unload_adapter(self, name: str) -> concurrent.futures.Future[None]:
+        """Nothing is loaded per request on vLLM yet (see :meth:`load_adapter`): resolves."""
+        fut: concurrent.futures.Future[None] = concurrent.futures.Future()
+        fut.set_result(None)
+        return fut
+
     def load_policy(self, version: int, weights: Any) -> concurrent.futures.Future[int]:
         """Publish ``weights`` as ``version`` on every healthy replica; see the module
         docstring. ``weights``: a PEFT LoRA adapter directory, a model directory (full
@@ -591,7 +613,11 @@ class VLLMEngine:
 
     # ------------------------------------------------------------------ generation
 
-    def _check_prompt(self, prompt_ids: Sequence[int]) -> list[int]:
+    def _check_prompt(
+        self, prompt_ids: Sequence[int], params: SamplingParams | None = None
+    ) -> list[int]:
+        if params is not None and params.adapter is not None:
+            raise EngineError(_NO_ADAPTERS)
         prompt = inputs.prompt_ids(prompt_ids, self.max_context)
         if self._closed:
             raise EngineClosedError("engine is closed")
@@ -631,7 +657,7 @@ class VLLMEngine:
                 aborted it.
             EngineError: vLLM failed or answered without ids / log-probs.
         """
-        prompt = self._check_prompt(prompt_ids)
+        prompt = self._check_prompt(prompt_ids, params)
         return await self._on_loop(self._generate(prompt, params))
 
     def _stopping(self, params: SamplingParams) -> SamplingParams:
@@ -681,7 +707,7 @@ class VLLMEngine:
             :class:`EngineError`: the choice is recorded with its error, never stored shorter
             than what was sampled.
         """
-        prompt = self._check_prompt(prompt_ids)
+        prompt = self._check_prompt(prompt_ids, params)
         loop = asyncio.get_running_loop()
         q: asyncio.Queue[TokenEvent | BaseException | None] = asyncio.Queue()
 
