@@ -167,3 +167,27 @@ def test_bad_adapters_are_refused_with_the_reason(engine, policy, adapters, tmp_
     with pytest.raises(EngineError, match="no adapter named 'alice'"):
         _gen(engine, _prompt(policy), "alice")
     assert _gen(engine, _prompt(policy)).adapter_version is None  # still serving
+
+
+def test_many_adapters_in_one_batch_take_the_batched_path(engine, policy, adapters):
+    """More than two adapters in a batch are gathered and added with batched matmuls; every
+    row still gets what it gets alone (up to float error), over the memory cap while they all
+    serve rows."""
+    from clawrl.engine.row_adapters import GROUPED_UP_TO
+
+    users = ["u1", "u2", "u3", "u4"]
+    assert len(users) > GROUPED_UP_TO
+    for i, user in enumerate(users, start=1):
+        engine.load_adapter(user, 1, adapters[i][0]).result(timeout=60)
+    prompt = _prompt(policy)
+    alone = {u: _gen(engine, prompt, u) for u in [*users, None]}
+
+    async def together():
+        return await asyncio.gather(*(engine.generate(prompt, dataclasses.replace(PARAMS, adapter=u))
+                                      for u in [*users, None]))  # fmt: skip
+
+    got = asyncio.run(together())
+    for c, user in zip(got, [*users, None], strict=True):
+        assert c.token_ids == alone[user].token_ids, user
+        assert c.logprobs == pytest.approx(alone[user].logprobs, abs=1e-4)
+    assert engine.adapters.stats.live == 2  # back under the cap once the rows finished

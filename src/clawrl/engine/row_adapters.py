@@ -17,6 +17,12 @@ newer version serves the next request). At most ``max_live`` adapters are held i
 past that, the one used least recently and not serving a row is dropped from memory and
 reloaded from its directory on its next request.
 
+Storage: per linear layer, one stack of every adapter held in memory (``A`` ``[slots, r, in]``,
+``B`` ``[slots, out, r]``, ranks zero-padded to the largest), written when an adapter is loaded.
+A batch whose rows use one or two adapters adds each with two matmuls on its rows; more than two
+gather the rows' slots and add them all with two batched matmuls (``torch.bmm``), so the cost
+per layer does not grow with the number of users in the batch.
+
 All methods run on the engine thread (the owner of the model).
 """
 
@@ -40,7 +46,8 @@ AdapterKey = tuple[str, int]
 @dataclass
 class _Version:
     path: Path
-    factors: dict[str, LoraFactors] | None  # None: dropped from memory, reloaded from ``path``
+    slot: int | None  # its place in the stacks; None: dropped from memory, reloaded from ``path``
+    scale: float = 1.0
     in_use: int = 0  # rows being served with it
     last_used: int = 0
 
@@ -48,12 +55,18 @@ class _Version:
 @dataclass
 class AdapterStats:
     """Counters: adapters held in memory, loads from disk (first loads and reloads after an
-    eviction), evictions."""
+    eviction), evictions, bytes the stacks hold, the loaded names."""
 
     live: int = 0
     loads: int = 0
     evictions: int = 0
+    bytes: int = 0
     names: list[str] = field(default_factory=list)
+
+
+GROUPED_UP_TO = 2
+"""Adapters in one batch up to which each is added with its own two matmuls; above it the rows'
+adapters are gathered and added with two batched matmuls."""
 
 
 class RowAdapters:
@@ -74,7 +87,13 @@ class RowAdapters:
         self._versions: dict[str, dict[int, _Version]] = {}
         self._latest: dict[str, int] = {}
         self._hooks: dict[str, Any] = {}
-        self._groups: list[tuple[AdapterKey, torch.Tensor, bool]] | None = None
+        self._a: dict[str, torch.Tensor] = {}  # module -> [slots, r, in]
+        self._b: dict[str, torch.Tensor] = {}  # module -> [slots, out, r]
+        self._scales = torch.zeros(0)  # [slots]
+        self._slots = 0
+        self._rank = 0
+        self._free: list[int] = []
+        self._batch: _Batch | None = None
         self._clock = itertools.count(1)
 
     # ------------------------------------------------------------------ versions
@@ -104,10 +123,9 @@ class RowAdapters:
         if current is not None and version <= current:
             raise ValueError(f"adapter {name!r}: versions only increase ({version} <= {current})")
         factors = self._checked(lora_factors(path))
-        self._hook(factors)
-        self._versions.setdefault(name, {})[int(version)] = _Version(
-            Path(path), factors, last_used=next(self._clock)
-        )
+        v = _Version(Path(path), None, last_used=next(self._clock))
+        self._place(v, factors)
+        self._versions.setdefault(name, {})[int(version)] = v
         self._latest[name] = int(version)
         self.stats.loads += 1
         self._drop_unused(name)
@@ -131,8 +149,8 @@ class RowAdapters:
             raise LookupError(f"no adapter named {name!r} is loaded (loaded: {known})")
         version = self._latest[name]
         v = self._versions[name][version]
-        if v.factors is None:
-            v.factors = self._checked(lora_factors(v.path))
+        if v.slot is None:
+            self._place(v, self._checked(lora_factors(v.path)))
             self.stats.loads += 1
         v.in_use += 1
         v.last_used = next(self._clock)
@@ -153,28 +171,34 @@ class RowAdapters:
     def rows(self, keys: Sequence[AdapterKey | None]) -> Iterator[None]:
         """During a forward pass over a batch whose row ``i`` is served with ``keys[i]``
         (``None``: no adapter), add each row's adapter to the linear layers' outputs."""
-        groups: dict[AdapterKey, list[int]] = {}
-        for i, key in enumerate(keys):
-            if key is not None:
-                groups.setdefault(key, []).append(i)
-        if not groups:
+        if all(k is None for k in keys):
             yield
             return
-        device = next(self.model.parameters()).device
-        self._groups = [
-            (key, torch.tensor(idx, dtype=torch.long, device=device), len(idx) == len(keys))
-            for key, idx in groups.items()
-        ]
+        device = self._scales.device
+        groups: dict[int, list[int]] = {}
+        for i, key in enumerate(keys):
+            if key is not None:
+                slot = self._versions[key[0]][key[1]].slot
+                assert slot is not None  # a version serving a row is never dropped
+                groups.setdefault(slot, []).append(i)
+        rows = [i for idx in groups.values() for i in idx]
+        slots = [slot for slot, idx in groups.items() for _ in idx]
+        self._batch = _Batch(
+            grouped=[(slot, torch.tensor(idx, dtype=torch.long, device=device),
+                      len(idx) == len(keys)) for slot, idx in groups.items()],
+            rows=torch.tensor(rows, dtype=torch.long, device=device),
+            slots=torch.tensor(slots, dtype=torch.long, device=device),
+            many=len(groups) > GROUPED_UP_TO,
+        )  # fmt: skip
         try:
             yield
         finally:
-            self._groups = None
+            self._batch = None
 
-    # ------------------------------------------------------------------ internals
+    # ------------------------------------------------------------------ storage
 
     def _checked(self, factors: dict[str, LoraFactors]) -> dict[str, LoraFactors]:
         modules = dict(self.model.named_modules())
-        device = next(self.model.parameters()).device
         out: dict[str, LoraFactors] = {}
         for name, (a, b, scale) in factors.items():
             layer = modules.get(name)
@@ -185,30 +209,74 @@ class RowAdapters:
                     f"adapter module {name!r}: A {tuple(a.shape)}, B {tuple(b.shape)} do not fit "
                     f"a linear layer of {layer.in_features} -> {layer.out_features}"
                 )
-            out[name] = (a.to(device), b.to(device), scale)
+            out[name] = (a, b, scale)
+        scales = {s for _, _, s in out.values()}
+        if len(scales) > 1:
+            raise ValueError(f"adapter has several scales {sorted(scales)}: not plain LoRA")
         return out
 
-    def _hook(self, factors: dict[str, LoraFactors]) -> None:
-        for name in factors:
-            if name not in self._hooks:
-                layer = self.model.get_submodule(name)
-                self._hooks[name] = layer.register_forward_hook(self._adder(name))
+    def _place(self, v: _Version, factors: dict[str, LoraFactors]) -> None:
+        """Write ``factors`` into a free slot of the stacks (growing them as needed)."""
+        device = next(self.model.parameters()).device
+        rank = max((a.shape[0] for a, _, _ in factors.values()), default=0)
+        if rank > self._rank:  # zero-pad every stack to the larger rank
+            grow = rank - self._rank
+            for m in self._a:
+                self._a[m] = torch.nn.functional.pad(self._a[m], (0, 0, 0, grow))
+                self._b[m] = torch.nn.functional.pad(self._b[m], (0, grow))
+            self._rank = rank
+        if not self._free:
+            extra = max(1, self._slots)  # double: amortised growth
+            for m in self._a:
+                self._a[m] = torch.cat(
+                    [self._a[m], self._a[m].new_zeros(extra, *self._a[m].shape[1:])]
+                )
+                self._b[m] = torch.cat(
+                    [self._b[m], self._b[m].new_zeros(extra, *self._b[m].shape[1:])]
+                )
+            self._scales = torch.cat([self._scales.to(device), torch.zeros(extra, device=device)])
+            self._free = list(range(self._slots + extra - 1, self._slots - 1, -1))
+            self._slots += extra
+        slot = self._free.pop()
+        for m in factors:
+            if m not in self._a:
+                layer = self.model.get_submodule(m)
+                assert isinstance(layer, torch.nn.Linear)
+                self._a[m] = torch.zeros(self._slots, self._rank, layer.in_features, device=device)
+                self._b[m] = torch.zeros(self._slots, layer.out_features, self._rank, device=device)
+                self._hooks[m] = layer.register_forward_hook(self._adder(m))
+        with torch.no_grad():
+            for m in self._a:
+                self._a[m][slot].zero_()
+                self._b[m][slot].zero_()
+                if m in factors:
+                    a, b, _ = factors[m]
+                    self._a[m][slot, : a.shape[0]] = a.to(device)
+                    self._b[m][slot, :, : b.shape[1]] = b.to(device)
+        v.scale = next(iter(factors.values()))[2] if factors else 0.0
+        self._scales[slot] = v.scale
+        v.slot = slot
+        self._count()
 
     def _adder(self, module_name: str) -> Any:
         def add(module: torch.nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> Any:
-            groups = self._groups
-            if not groups:
+            batch = self._batch
+            if batch is None:
                 return None
             x = args[0]
-            for (name, version), idx, whole in groups:
-                factors = self._versions[name][version].factors
-                assert factors is not None  # a version serving a row is never dropped
-                found = factors.get(module_name)
-                if found is None:
-                    continue
-                a, b, scale = found
+            a_stack, b_stack = self._a[module_name], self._b[module_name]
+            if batch.many:  # every row's adapter in two batched matmuls
+                xs = x.index_select(0, batch.rows).to(a_stack.dtype)
+                a = a_stack.index_select(0, batch.slots)  # [n, r, in]
+                b = b_stack.index_select(0, batch.slots)  # [n, out, r]
+                scale = self._scales.index_select(0, batch.slots)
+                delta = torch.bmm(torch.bmm(xs, a.transpose(1, 2)), b.transpose(1, 2))
+                delta = delta * scale.view(-1, *([1] * (delta.dim() - 1)))
+                return output.index_add(0, batch.rows, delta.to(output.dtype))
+            for slot, idx, whole in batch.grouped:
+                a, b = a_stack[slot], b_stack[slot]
                 xs = x if whole else x.index_select(0, idx)
-                delta = ((xs.to(a.dtype) @ a.T) @ b.T) * scale
+                delta = ((xs.to(a.dtype) @ a.T) @ b.T) * float(self._scales[slot])
                 if whole:
                     output = output + delta.to(output.dtype)
                 else:
@@ -217,32 +285,50 @@ class RowAdapters:
 
         return add
 
+    # ------------------------------------------------------------------ memory
+
     def _drop_unused(self, name: str) -> None:
         """Forget versions of ``name`` that are neither the latest nor serving a row."""
         versions = self._versions.get(name, {})
         latest = self._latest.get(name)
         for version in [v for v, a in versions.items() if v != latest and a.in_use == 0]:
-            del versions[version]
+            self._free_slot(versions.pop(version))
         if not versions:
             self._versions.pop(name, None)
         self._count()
 
+    def _free_slot(self, v: _Version) -> None:
+        if v.slot is not None:
+            self._free.append(v.slot)
+            v.slot = None
+
     def _evict(self) -> None:
         while True:
-            held = [(v.last_used, n, ver, v) for n, vs in self._versions.items()
-                    for ver, v in vs.items() if v.factors is not None]  # fmt: skip
+            held = [v for vs in self._versions.values() for v in vs.values() if v.slot is not None]
             if len(held) <= self.max_live:
                 break
-            idle = [h for h in held if h[3].in_use == 0]
+            idle = [v for v in held if v.in_use == 0]
             if not idle:
                 break  # every adapter in memory serves a row: over the cap until one finishes
-            _, _, _, victim = min(idle, key=lambda h: h[0])
-            victim.factors = None
+            self._free_slot(min(idle, key=lambda v: v.last_used))
             self.stats.evictions += 1
         self._count()
 
     def _count(self) -> None:
         self.stats.live = sum(
-            1 for vs in self._versions.values() for v in vs.values() if v.factors is not None
+            1 for vs in self._versions.values() for v in vs.values() if v.slot is not None
+        )
+        self.stats.bytes = sum(
+            t.numel() * t.element_size() for d in (self._a, self._b) for t in d.values()
         )
         self.stats.names = list(self._latest)
+
+
+@dataclass
+class _Batch:
+    """Where the adapters go in the forward pass under way."""
+
+    grouped: list[tuple[int, torch.Tensor, bool]]  # (slot, rows, every row) per adapter
+    rows: torch.Tensor  # rows with an adapter
+    slots: torch.Tensor  # their slots, row by row
+    many: bool  # more than GROUPED_UP_TO adapters: the batched path
