@@ -443,10 +443,15 @@ def build_runtime(
             follower = VersionFollower(store, engine, config.server.version_poll_s)
             lifespan = follower.lifespan
         memory = keeper if config.memory.enabled else None
+        user_adapters = None
+        if config.server.per_user_adapters:  # in-process only (Config checks it)
+            from clawrl.gateway.user_adapters import UserAdapters
+
+            user_adapters = UserAdapters(store, engine, config.server.version_poll_s or 2.0)
         app = create_app(
             engine, policy.tokenizer, store, model_name=name, api_key=api_key,
             defaults=config.sampling, lifespan=lifespan, memory=memory, memory_admin=keeper,
-            user_from=config.server.user_from,
+            user_from=config.server.user_from, user_adapters=user_adapters,
         )  # fmt: skip
         dashboard = mount_dashboard(app, DashboardSource(
             store, output_dir=Path(config.trainer.output_dir) if method.trains else None,

@@ -59,3 +59,39 @@ def test_a_store_from_before_users_is_migrated_or_says_how(tmp_path, capsys):
     assert "no turns recorded yet" in capsys.readouterr().out
     with Store(db, read_only=True) as store:
         assert store.schema_version == 8
+
+
+def test_users_adapter_records_the_next_version_of_a_plain_lora(tmp_path, capsys):
+    from peft import LoraConfig, get_peft_model
+
+    from clawrl.models import tiny_policy
+
+    db = str(tmp_path / "u.db")
+    _record(db, "sess-alice", "alice")
+    model = get_peft_model(tiny_policy(seed=1).model,
+                           LoraConfig(r=2, target_modules="all-linear", task_type="CAUSAL_LM"))  # fmt: skip
+    model.save_pretrained(str(tmp_path / "ad"))
+    for want in (1, 2):
+        assert main(["users", "adapter", "alice", str(tmp_path / "ad"), "--store", db]) == 0
+        assert f"user alice: adapter v{want} = {tmp_path / 'ad'}" in capsys.readouterr().out
+    assert main(["users", "list", "--store", db]) == 0
+    assert " v2 " in capsys.readouterr().out
+    assert main(["users", "adapter", "alice", str(tmp_path / "nothing"), "--store", db]) == 1
+    err = capsys.readouterr().err
+    assert "is not a plain PEFT LoRA adapter directory" in err and "save_pretrained" in err
+    with Store(db) as store:
+        assert [r.version for r in store.user_adapter_versions("alice")] == [1, 2]
+
+
+def test_user_settings_are_checked_with_a_reason():
+    from clawrl.config import load_config
+    from clawrl.errors import ConfigError
+
+    assert load_config(None, ['server.user_from=["key"]']).server.user_from == ["key"]
+    with pytest.raises(ConfigError, match="names a source twice"):
+        load_config(None, ['server.user_from=["key", "key"]'])
+    with pytest.raises(ConfigError, match="'header', 'body' or 'key'"):
+        load_config(None, ['server.user_from=["ip"]'])
+    with pytest.raises(ConfigError, match="needs the in-process engine") as e:
+        load_config(None, ["server.per_user_adapters=true", 'engine.backend="vllm"'])
+    assert "Value error" not in str(e.value)

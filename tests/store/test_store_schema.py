@@ -42,7 +42,7 @@ EXTRA = """CREATE TABLE extra_verdicts (
 NEXT = SCHEMA_VERSION + 1
 TABLES = {"schema_migrations", "sessions", "turns", "feedback", "judgments", "samples",
           "policy_versions", "leases", "rollout_groups", "rollouts", "verifier_results",
-          "memory_entries", "memory_sources"}  # fmt: skip
+          "memory_entries", "memory_sources", "user_adapters"}  # fmt: skip
 
 
 def _build_by_migrations(db: Database, migrations: tuple[Migration, ...]) -> None:
@@ -121,7 +121,8 @@ def test_both_dialects_have_the_same_schema(pg_cluster, tmp_path) -> None:
     assert described["sqlite"] == described["postgresql"]
     assert set(described["sqlite"]) == TABLES
     turns = [c[0] for c in described["postgresql"]["turns"]["columns"]]
-    assert turns[-5:-2] == list(STORAGE_TURN_COLUMNS) and turns[-2:] == ["memory", "user_id"]
+    assert turns[-6:-3] == list(STORAGE_TURN_COLUMNS)
+    assert turns[-3:] == ["memory", "user_id", "adapter_version"]
 
 
 def test_render_ddl() -> None:

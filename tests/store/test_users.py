@@ -77,3 +77,30 @@ def test_sessions_filter_by_user_and_list_their_users(store):
     assert store.count_sessions(query="s1", user="bob") == 0
     listed = {s.session.id: s.user_ids for s in store.list_sessions()}
     assert listed == {"s4": ("alice", "bob"), "s3": (), "s2": ("bob",), "s1": ("alice",)}
+
+
+def test_a_users_adapter_versions_only_increase_and_turns_keep_theirs(store):
+    from clawrl.store import UserAdapterRecord
+
+    assert store.latest_user_adapters() == {}
+    store.publish_user_adapter(UserAdapterRecord("alice", 1, "/runs/u/alice/v1", step=1))
+    store.publish_user_adapter(UserAdapterRecord("alice", 1, "/runs/u/alice/v1", step=1))  # again
+    store.publish_user_adapter(UserAdapterRecord("bob", 1, "/runs/u/bob/v1"))
+    store.publish_user_adapter(UserAdapterRecord("alice", 2, "/runs/u/alice/v2", step=2))
+    with pytest.raises(StoreError, match="not newer"):
+        store.publish_user_adapter(UserAdapterRecord("alice", 2, "/elsewhere"))
+    with pytest.raises(StoreError, match="start at 1"):
+        store.publish_user_adapter(UserAdapterRecord("carol", 0, "/x"))
+    with pytest.raises(StoreError, match="must not be empty"):
+        store.publish_user_adapter(UserAdapterRecord("", 1, "/x"))
+    latest = store.latest_user_adapters()
+    assert {u: (r.version, r.weights) for u, r in latest.items()} == {
+        "alice": (2, "/runs/u/alice/v2"), "bob": (1, "/runs/u/bob/v1")}  # fmt: skip
+    assert [r.version for r in store.user_adapter_versions("alice")] == [1, 2]
+    store.get_or_create_session("s1", SessionSource.HEADER)
+    turn = TurnRecord(session_id="s1", prompt_ids=[1], completion_ids=[2],
+                      sampling_logprobs=[-1.0], user_id="alice", adapter_version=2)  # fmt: skip
+    store.record_turn(turn)
+    assert store.get_turn(turn.id).adapter_version == 2
+    (alice,) = [u for u in store.users() if u.user_id == "alice"]
+    assert alice.adapter_version == 2

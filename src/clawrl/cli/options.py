@@ -211,6 +211,11 @@ def apply_flags(
         if not isinstance(memory, dict):
             raise ConfigError("memory must be a table of settings")
         memory["enabled"] = True
+    if getattr(args, "per_user_adapters", None):
+        server = data.setdefault("server", {})
+        if not isinstance(server, dict):
+            raise ConfigError("server must be a table of settings")
+        server["per_user_adapters"] = True
     if getattr(args, "distill", None):
         memory = data.setdefault("memory", {})
         if not isinstance(memory, dict):

@@ -79,6 +79,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "(memory.enabled; see them with clawrl memory list)",
     )
     p.add_argument(
+        "--per-user-adapters",
+        action="store_true",
+        default=None,
+        help="serve each user (the x-clawrl-user header or the body's user field; "
+        "server.user_from) with the newest version of their own LoRA adapter on top of the "
+        "policy, many users batched together; record one with clawrl users adapter USER DIR "
+        "(server.per_user_adapters; in-process engine only; training them is not built yet)",
+    )
+    p.add_argument(
         "--distill",
         action="store_true",
         default=None,
@@ -126,6 +135,8 @@ def request_line(turns: list[TurnRecord]) -> str:
     choices = f" x{len(turns)}" if len(turns) > 1 else ""
     memory = f" +memory {len(first.memory['entries'])}" if first.memory else ""
     user = f" user {_printable(_short_id(first.user_id))}" if first.user_id else ""
+    if first.adapter_version is not None:
+        user += f" adapter v{first.adapter_version}"
     statuses = ",".join(sorted({t.status.value for t in turns}))
     finish = ",".join(sorted({t.finish_reason or "-" for t in turns}))
     untrainable = sorted({t.untrainable_reason for t in turns if t.untrainable_reason})

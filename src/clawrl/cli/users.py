@@ -1,4 +1,5 @@
-"""``clawrl users list``: whose requests a store holds (each turn records its user)."""
+"""``clawrl users list|adapter``: whose requests a store holds (each turn records its user), and
+each user's own adapter versions (``clawrl serve --per-user-adapters`` serves them)."""
 
 from __future__ import annotations
 
@@ -18,12 +19,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "field (OpenAI's user or safety_identifier, Anthropic's metadata.user_id) or the API "
         "key's fingerprint, as server.user_from says (default: header, then body). 'list' shows "
         "per user: sessions, turns, how many the judge saw and the trainer consumed, the last "
-        "trainer step that used them and when the user was last seen. One policy serves and "
-        "learns from every user; per-user adapters are not built yet.",
+        "trainer step that used them, the version of their own adapter and when the user was "
+        "last seen. 'adapter USER DIR' records a PEFT LoRA adapter directory as the user's next "
+        "adapter version: clawrl serve --per-user-adapters serves their requests with it on top "
+        "of the policy (replicas on the store pick it up within server.version_poll_s). One "
+        "policy still learns from every user: training per-user adapters is not built yet.",
         epilog="examples:\n"
         "  clawrl users list --store clawrl.db\n"
         "  clawrl users list --json\n"
         "  clawrl sessions list --user alice         # that user's sessions\n"
+        "  clawrl users adapter alice runs/alice/adapter   # alice's next adapter version\n"
         "  clawrl serve --set 'server.user_from=[\"key\"]' --api-key ...   # a user per key",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -33,6 +38,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     lst.add_argument("--store", help=STORE_HELP)
     add_config_options(lst)
     lst.set_defaults(func=run_list)
+    ad = usub.add_parser("adapter", help="record a LoRA adapter as a user's next version")
+    ad.add_argument("user_id", metavar="USER", help="the user id (as clawrl users list shows it)")
+    ad.add_argument("adapter_dir", metavar="DIR",
+                    help="a PEFT LoRA adapter directory of the served model (adapter_config.json "
+                    "and adapter_model.safetensors; plain LoRA)")  # fmt: skip
+    ad.add_argument("--store", help=STORE_HELP)
+    add_config_options(ad)
+    ad.set_defaults(func=run_adapter)
 
 
 def _when(t: float | None) -> str:
@@ -55,16 +68,41 @@ def run_list(args: argparse.Namespace) -> int:
         return 0
     table = Table(title=f"users: {len(users)}")
     table.add_column("user", overflow="fold")
-    for col in ("sessions", "turns", "judged", "trained", "last step"):
+    for col in ("sessions", "turns", "judged", "trained", "last step", "adapter"):
         table.add_column(col, justify="right", no_wrap=True)
     table.add_column("last seen", no_wrap=True)
     for u in users:
         step = "-" if u.last_step is None else str(u.last_step)
         name = Text(u.user_id) if u.user_id else Text("(none)", style="dim")  # ids are data
+        adapter = "-" if u.adapter_version is None else f"v{u.adapter_version}"
         table.add_row(name, str(u.sessions), str(u.turns), str(u.judged), str(u.trained),
-                      step, _when(u.last_seen))  # fmt: skip
+                      step, adapter, _when(u.last_seen))  # fmt: skip
     console = Console()
     if not console.is_terminal:
         console = Console(width=160)
     console.print(table)
+    return 0
+
+
+def run_adapter(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from clawrl.engine.lora import lora_factors
+    from clawrl.errors import ConfigError
+    from clawrl.store import UserAdapterRecord
+
+    path = Path(args.adapter_dir).resolve()
+    try:
+        lora_factors(path)  # a plain LoRA adapter the engine can serve per request
+    except (OSError, ValueError, KeyError) as e:
+        raise ConfigError(
+            f"{path} is not a plain PEFT LoRA adapter directory ({e}): give the directory "
+            "save_pretrained wrote (adapter_config.json, adapter_model.safetensors)"
+        ) from e
+    with open_existing_store(args.store or config_from_args(args).server.store) as store:
+        before = store.user_adapter_versions(args.user_id)
+        version = (before[-1].version if before else 0) + 1
+        store.publish_user_adapter(UserAdapterRecord(args.user_id, version, str(path)))
+    print(f"user {args.user_id}: adapter v{version} = {path} (clawrl serve --per-user-adapters "
+          "serves it from their next request)")  # fmt: skip
     return 0

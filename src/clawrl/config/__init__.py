@@ -24,7 +24,14 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from clawrl.config.harness import HarnessConfig
 from clawrl.config.judge import JUDGE_BACKEND_KINDS, JudgeConfig
@@ -215,6 +222,13 @@ class ServerConfig(_Section):
         "safety_identifier, Anthropic's metadata.user_id when a plain id), 'key' (the API "
         "key's fingerprint: each key is one user); [] records no user.",
     )
+    per_user_adapters: bool = Field(
+        False,
+        description="Serve each user (server.user_from) with the newest version of their own "
+        "LoRA adapter on top of the policy, as the store's user_adapters table names it "
+        "(clawrl users adapter USER DIR records one); users without one get the policy alone. "
+        "In-process engine only for now.",
+    )
     external_trainer: bool = Field(
         False,
         description="The judge and the trainer run as their own processes (clawrl judge worker, "
@@ -373,6 +387,16 @@ class Config(BaseModel):
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
 
+    @model_validator(mode="after")
+    def _per_user_adapters_in_process(self) -> Config:
+        if self.server.per_user_adapters and self.engine.backend != "transformers":
+            raise ValueError(
+                "server.per_user_adapters needs the in-process engine for now "
+                "(engine.backend = 'transformers'): the vLLM engine serves no per-user adapters "
+                "yet"
+            )
+        return self
+
 
 def _parse_value(raw: str) -> Any:
     """Parse an override value as TOML/JSON scalar when possible, else keep the string."""
@@ -488,7 +512,8 @@ def error_lines(error: ValidationError) -> list[str]:
                 i = loc.index(union) + 1
                 if i < len(loc) and loc[i] in tags:
                     loc = loc[:i] + loc[i + 1 :]
-        line = f"  {'.'.join(str(x) for x in loc)}: {err['msg']}"
+        msg = str(err["msg"]).removeprefix("Value error, ") if not loc else err["msg"]
+        line = f"  {'.'.join(str(x) for x in loc)}: {msg}" if loc else f"  {msg}"
         if err["type"] == "extra_forbidden":
             line += _known_keys_hint(loc)
         if line not in lines:

@@ -48,6 +48,7 @@ from clawrl.gateway.auth import ApiKeyMiddleware
 from clawrl.gateway.errors import install_error_handlers
 from clawrl.gateway.metrics import Metrics, RequestMetricsMiddleware
 from clawrl.gateway.state import GatewayState
+from clawrl.gateway.user_adapters import UserAdapters
 from clawrl.gateway.users import DEFAULT_USER_FROM, UserSource
 from clawrl.memory import MemoryKeeper
 from clawrl.store import Store
@@ -65,6 +66,7 @@ def create_app(
     memory: MemoryKeeper | None = None,
     memory_admin: MemoryKeeper | None = None,
     user_from: Sequence[UserSource] = DEFAULT_USER_FROM,
+    user_adapters: UserAdapters | None = None,
 ) -> FastAPI:
     """Build the gateway app over an engine, the policy's tokenizer and a store.
 
@@ -87,6 +89,8 @@ def create_app(
             (its cap from the config; ``None``: one with the default cap, made on first use).
         user_from: where a request's user id comes from, first match wins
             (:mod:`clawrl.gateway.users`; ``server.user_from``).
+        user_adapters: serve each user with their own adapter
+            (:mod:`clawrl.gateway.user_adapters`; ``None``: every user gets the policy alone).
 
     Returns:
         The FastAPI app; ``app.state.gateway`` is its :class:`GatewayState`.
@@ -106,6 +110,7 @@ def create_app(
         memory=memory,
         memory_admin=memory_admin,
         user_from=tuple(user_from),
+        user_adapters=user_adapters,
         defaults=defaults or SamplingConfig.model_validate({}),
         metrics=metrics,
     )

@@ -71,6 +71,7 @@ def complete_choice(
         finish_reason=finish_reason_for(completion.finish_reason, parsed),
         parsed=parsed,
         policy_version=completion.policy_version,
+        adapter_version=completion.adapter_version,
         ttft_s=offset + completion.time_to_first_token if completion.token_ids else None,
         latency_s=offset + completion.latency,
     )
@@ -125,6 +126,7 @@ class StreamedChoice:
         r.sampling_logprobs.append(ev.logprob)
         r.top_logprobs.append(ev.top_logprobs)
         r.policy_version = ev.policy_version
+        r.adapter_version = ev.adapter_version
         r.latency_s = now
         last = ev.finish_reason is not None
         delta = self._assembler.push(ev.token_id, last=last)

@@ -288,6 +288,7 @@ async def start_call(gw: GatewayState, request: Request, req: CallRequest) -> Ca
     await _check_body_unicode(request)
     _check_unicode(req)
     user_id = resolve_user(request, req.body_user, gw.user_from)
+    adapter = None if gw.user_adapters is None else await gw.user_adapters.for_user(user_id)
     agent = agent_facts(request.headers)
     client_name = (request.headers.get("user-agent") or "")[:200] or None
     retries = retry_count(request.headers)
@@ -329,6 +330,8 @@ async def start_call(gw: GatewayState, request: Request, req: CallRequest) -> Ca
     params = seeded_params(
         req.params, prepared.sampling_seed, prepared.prompt_ids, prepared.sampling_attempt
     )
+    if adapter is not None:  # the user's own adapter on top of the policy
+        params = [dataclasses.replace(p, adapter=adapter) for p in params]
     call = Call(ctx, [ChoiceResult(index=i, params=p) for i, p in enumerate(params)])
     prompt_len, window = len(prepared.prompt_ids), gw.engine.max_context
     asked = max(p.max_tokens for p in params)

@@ -94,6 +94,8 @@ class ChoiceResult:
             ``tool_calls``, or ``aborted`` for incomplete turns.
         parsed: the parsed output sent to the client.
         policy_version: the version that sampled the tokens.
+        adapter_version: the version of the user's adapter that sampled them with it
+            (``None``: the policy alone).
         ttft_s: seconds from request arrival to the first sampled token.
         latency_s: seconds from request arrival to the last sampled token.
         status: ok, incomplete or error.
@@ -110,6 +112,7 @@ class ChoiceResult:
     finish_reason: str | None = None
     parsed: ParsedCompletion | None = None
     policy_version: int = 0
+    adapter_version: int | None = None
     ttft_s: float | None = None
     latency_s: float | None = None
     status: TurnStatus = TurnStatus.OK
@@ -202,6 +205,7 @@ def build_turn(ctx: CallContext, choice: ChoiceResult) -> TurnRecord:
         session_source=p.session_source,
         memory=p.memory,
         user_id=ctx.user_id,
+        adapter_version=choice.adapter_version,
         trainable=trainable,
         untrainable_reason=reason,
         created_at=ctx.created_at,

@@ -10,6 +10,7 @@ from typing import Any
 from clawrl.config import SamplingConfig
 from clawrl.engine import Engine
 from clawrl.gateway.metrics import Metrics
+from clawrl.gateway.user_adapters import UserAdapters
 from clawrl.gateway.users import DEFAULT_USER_FROM, UserSource
 from clawrl.memory import MemoryKeeper
 from clawrl.store import Store, TurnRecord
@@ -37,6 +38,8 @@ class GatewayState:
         memory_admin: with memory off, the keeper ``/v1/memory`` reads and changes entries
             through (made on first use).
         user_from: where a request's user id comes from (:mod:`clawrl.gateway.users`).
+        user_adapters: with per-user adapters, which adapter serves each user
+            (:mod:`clawrl.gateway.user_adapters`; ``None``: every user gets the policy alone).
     """
 
     engine: Engine
@@ -52,6 +55,7 @@ class GatewayState:
     memory: MemoryKeeper | None = None
     memory_admin: MemoryKeeper | None = None
     user_from: tuple[UserSource, ...] = DEFAULT_USER_FROM
+    user_adapters: UserAdapters | None = None
 
     @property
     def stop_token_ids(self) -> frozenset[int]:

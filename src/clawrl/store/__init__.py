@@ -50,6 +50,7 @@ from clawrl.store.types import (
     UntrainableReason,
     new_id,
 )
+from clawrl.store.users import UserAdapterRecord, UserSummary
 from clawrl.store.versions import FULL_WEIGHTS_FILE, PolicyVersionRecord, WeightsKind
 
 __all__ = [
@@ -81,6 +82,8 @@ __all__ = [
     "TurnRecord",
     "TurnStatus",
     "UntrainableReason",
+    "UserAdapterRecord",
+    "UserSummary",
     "VerifierResultRecord",
     "WeightsKind",
     "canonical_output",

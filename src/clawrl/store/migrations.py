@@ -29,7 +29,13 @@ from dataclasses import dataclass
 
 from clawrl.errors import StoreError
 from clawrl.store.db import Conn, Database
-from clawrl.store.schema import MIGRATIONS_TABLE, SCHEMA, SCHEMA_VERSION, render_ddl
+from clawrl.store.schema import (
+    MIGRATIONS_TABLE,
+    SCHEMA,
+    SCHEMA_VERSION,
+    USER_ADAPTERS,
+    render_ddl,
+)
 from clawrl.store.users import USERS_SCHEMA_VERSION
 
 
@@ -258,10 +264,14 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
     Migration(
         USERS_SCHEMA_VERSION,
-        "users: whose request each turn answered (turns.user_id, '' for none)",
+        "users: whose request each turn answered (turns.user_id, '' for none), the version of "
+        "that user's adapter that sampled it (turns.adapter_version), users' adapter versions "
+        "(user_adapters)",
         (
             "ALTER TABLE turns ADD COLUMN user_id TEXT NOT NULL DEFAULT ''",
+            "ALTER TABLE turns ADD COLUMN adapter_version INTEGER",
             "CREATE INDEX idx_turns_user ON turns (user_id, created_at)",
+            USER_ADAPTERS,
         ),
     ),
 )

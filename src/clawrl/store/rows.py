@@ -143,6 +143,7 @@ def turn_to_row(turn: TurnRecord) -> dict[str, Any]:
         "messages_prefix_len": 0,
         "memory": None if turn.memory is None else dump_json(turn.memory, "turn.memory"),
         "user_id": _user_id(turn.user_id),
+        "adapter_version": None if turn.adapter_version is None else int(turn.adapter_version),
     }
 
 
@@ -181,6 +182,7 @@ def row_to_turn(row: Mapping[str, Any], full: FullTurn) -> TurnRecord:
         sampling_logprobs=decode_floats(row["sampling_logprobs"]),
         memory=load_json(row["memory"]) if "memory" in row.keys() else None,  # noqa: SIM118
         user_id=row["user_id"] if "user_id" in row.keys() else "",  # noqa: SIM118
+        adapter_version=row["adapter_version"] if "adapter_version" in row.keys() else None,  # noqa: SIM118
     )
 
 

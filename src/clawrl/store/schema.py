@@ -95,6 +95,15 @@ MEMORY_SOURCES = """CREATE TABLE memory_sources (
     taken_at REAL NOT NULL
 )"""
 
+USER_ADAPTERS = """CREATE TABLE user_adapters (
+    user_id TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    weights TEXT NOT NULL,
+    step INTEGER,
+    created_at REAL NOT NULL,
+    PRIMARY KEY (user_id, version)
+)"""
+
 SCHEMA: tuple[str, ...] = (
     """
 CREATE TABLE sessions (
@@ -147,7 +156,8 @@ CREATE TABLE turns (
     prefix_len INTEGER NOT NULL DEFAULT 0,
     messages_prefix_len INTEGER NOT NULL DEFAULT 0,
     memory TEXT,
-    user_id TEXT NOT NULL DEFAULT ''
+    user_id TEXT NOT NULL DEFAULT '',
+    adapter_version INTEGER
 )""",
     "CREATE INDEX idx_turns_session ON turns (session_id, created_at)",
     "CREATE INDEX idx_turns_output_hash ON turns (output_hash)",
@@ -245,6 +255,8 @@ CREATE TABLE feedback (
     MEMORY_ENTRIES,
     MEMORY_INDEX,
     MEMORY_SOURCES,
+    # users' adapter versions (version 8, clawrl.store.users)
+    USER_ADAPTERS,
 )
 """The current schema, statement by statement (executed in order on a fresh file)."""
 

@@ -134,6 +134,8 @@ class TurnRecord:
         user_id: whose request this turn answered (:mod:`clawrl.gateway.users`: a header, the
             body's end-user field or the API key, as ``server.user_from`` says); ``""``: no
             user (the served policy's, as in :class:`clawrl.store.memory.MemoryEntryRecord`).
+        adapter_version: the version of the user's own adapter that sampled the turn on top of
+            ``policy_version`` (``clawrl serve --per-user-adapters``); ``None``: the policy alone.
     """
 
     session_id: str
@@ -166,6 +168,7 @@ class TurnRecord:
     choice_index: int = 0
     memory: dict[str, Any] | None = None
     user_id: str = ""
+    adapter_version: int | None = None
 
     @property
     def seq_ids(self) -> list[int]:

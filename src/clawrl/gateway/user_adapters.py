@@ -1,0 +1,86 @@
+"""Serving each user with their own adapter (``clawrl serve --per-user-adapters``).
+
+A user's adapter versions are recorded in the store (``user_adapters``,
+:class:`clawrl.store.UserAdapterRecord`): by a trainer, or by hand with ``clawrl users adapter
+USER DIR``. When a request's user (:mod:`clawrl.gateway.users`) has one, the request is served
+with their newest version on top of the policy (``SamplingParams.adapter``; the engine holds
+many adapters at once and batches different users together: :mod:`clawrl.engine.row_adapters`),
+and the turn records that version (``TurnRecord.adapter_version``). Users without one get the
+policy alone.
+
+The store is read at most every ``refresh_s`` seconds (so every replica on one store picks up a
+new version within that time) and an adapter is loaded into the engine on its user's first
+request after it was published (only users who call are held; the engine drops the least
+recently used past ``max_adapters`` and reloads them from disk). A version the engine refuses is
+logged once; the user keeps the version loaded before (or the policy alone), and the turn says
+which.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from clawrl.engine import Engine
+from clawrl.store import Store, UserAdapterRecord
+
+log = logging.getLogger(__name__)
+
+
+class UserAdapters:
+    """Which adapter serves each user, loaded on demand (module docstring).
+
+    Args:
+        store: the store whose ``user_adapters`` table names the versions.
+        engine: the serving engine (:meth:`clawrl.engine.Engine.load_adapter`).
+        refresh_s: seconds a read of the table is reused.
+    """
+
+    def __init__(self, store: Store, engine: Engine, refresh_s: float = 2.0) -> None:
+        self.store = store
+        self.engine = engine
+        self.refresh_s = float(refresh_s)
+        self.loaded: dict[str, int] = {}  # user -> version the engine serves them
+        self._latest: dict[str, UserAdapterRecord] = {}
+        self._read_at = float("-inf")
+        self._refused: set[tuple[str, int]] = set()
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    async def _newest(self) -> dict[str, UserAdapterRecord]:
+        if time.monotonic() - self._read_at >= self.refresh_s:
+            self._latest = await asyncio.to_thread(self.store.latest_user_adapters)
+            self._read_at = time.monotonic()
+        return self._latest
+
+    async def for_user(self, user_id: str) -> str | None:
+        """The adapter name to serve ``user_id``'s request with (``None``: the policy alone),
+        after loading their newest version into the engine if it is not there yet."""
+        if not user_id:
+            return None
+        record = (await self._newest()).get(user_id)
+        if record is not None and self.loaded.get(user_id, 0) < record.version:
+            lock = self._locks.setdefault(user_id, asyncio.Lock())
+            async with lock:
+                if self.loaded.get(user_id, 0) < record.version:
+                    await self._load(record)
+        return user_id if user_id in self.loaded else None
+
+    async def _load(self, record: UserAdapterRecord) -> None:
+        key = (record.user_id, record.version)
+        if key in self._refused:
+            return
+        try:
+            fut = self.engine.load_adapter(record.user_id, record.version, record.weights)
+            await asyncio.wrap_future(fut)
+        except Exception as e:  # keep serving: the version loaded before, or the policy alone
+            self._refused.add(key)
+            before = self.loaded.get(record.user_id)
+            log.error(
+                "adapter version %d of user %r (%s) was not loaded: %s; serving them %s",
+                record.version, record.user_id, record.weights, e,
+                f"their version {before}" if before else "the policy alone",
+            )  # fmt: skip
+            return
+        self.loaded[record.user_id] = record.version
+        log.info("serving user %r with adapter version %d", record.user_id, record.version)
