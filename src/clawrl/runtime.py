@@ -71,7 +71,10 @@ ENGINE_BACKENDS: dict[str, Callable[[Any, Config], Engine]] = {}
 def _transformers_engine(policy: Policy, config: Config) -> Engine:
     from clawrl.engine import TransformersEngine
 
-    kwargs: dict[str, Any] = {"max_batch": config.engine.max_batch}
+    kwargs: dict[str, Any] = {
+        "max_batch": config.engine.max_batch,
+        "max_adapters": config.engine.max_adapters,
+    }
     if config.engine.max_context is not None:
         kwargs["max_context"] = config.engine.max_context
     return TransformersEngine.from_policy(policy, **kwargs)

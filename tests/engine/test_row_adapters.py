@@ -5,8 +5,10 @@ kept per row, at most ``max_adapters`` in memory."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import dataclasses
+import time
 
 import pytest
 import torch
@@ -133,10 +135,19 @@ def test_a_row_keeps_the_adapter_version_it_started_with(engine, policy, adapter
     assert list(v2) == [2]  # version 1 dropped once its row finished
 
 
-def test_least_recently_used_adapters_leave_memory_and_come_back_the_same(engine, policy, adapters):
+def test_least_recently_used_adapters_leave_memory_and_come_back_the_same(
+    engine, policy, adapters, tmp_path
+):
+    """Evicted adapters are written to the engine's spill folder: they come back with the same
+    floats even when the user's own directory is gone (or rewritten) by then."""
+    import shutil
+
     prompt = _prompt(policy)
     for i, user in enumerate(("u1", "u2", "u3"), start=1):
-        engine.load_adapter(user, 1, adapters[i][0]).result(timeout=60)
+        own = tmp_path / user
+        shutil.copytree(adapters[i][0], own)
+        engine.load_adapter(user, 1, own).result(timeout=60)
+        shutil.rmtree(own)
     stats = engine.adapters.stats
     assert stats.live == 2 and stats.evictions == 1 and stats.names == ["u1", "u2", "u3"]
     loads = stats.loads
@@ -181,13 +192,56 @@ def test_many_adapters_in_one_batch_take_the_batched_path(engine, policy, adapte
         engine.load_adapter(user, 1, adapters[i][0]).result(timeout=60)
     prompt = _prompt(policy)
     alone = {u: _gen(engine, prompt, u) for u in [*users, None]}
+    paths = []
+    rows = engine.adapters.rows
+
+    @contextlib.contextmanager
+    def spy(keys):
+        with rows(keys):
+            batch = engine.adapters._batch
+            paths.append(None if batch is None else batch.many)
+            yield
+
+    engine.adapters.rows = spy  # type: ignore[method-assign]
 
     async def together():
         return await asyncio.gather(*(engine.generate(prompt, dataclasses.replace(PARAMS, adapter=u))
                                       for u in [*users, None]))  # fmt: skip
 
     got = asyncio.run(together())
+    assert True in paths  # decode steps with every row took the batched path
     for c, user in zip(got, [*users, None], strict=True):
         assert c.token_ids == alone[user].token_ids, user
         assert c.logprobs == pytest.approx(alone[user].logprobs, abs=1e-4)
+    deadline = time.monotonic() + 10  # rows leave the batch just after their last event
+    while engine.adapters.stats.live != 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert engine.adapters.stats.live == 2  # back under the cap once the rows finished
+
+
+def test_versions_keep_increasing_after_an_unload(engine, policy, adapters):
+    engine.load_adapter("alice", 2, adapters[1][0]).result(timeout=60)
+    engine.unload_adapter("alice").result(timeout=60)
+    with pytest.raises(ValueError, match="increase"):
+        engine.load_adapter("alice", 2, adapters[2][0]).result(timeout=60)
+    assert engine.load_adapter("alice", 3, adapters[2][0]).result(timeout=60) == 3
+    assert _gen(engine, _prompt(policy), "alice").adapter_version == 3
+
+
+def test_a_row_that_fails_in_prefill_gives_its_adapter_back(engine, policy, adapters):
+    engine.load_adapter("alice", 1, adapters[1][0]).result(timeout=60)
+    sample = engine._sample
+    calls = {"n": 0}
+
+    def failing_once(rows, logits):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("out of memory")
+        return sample(rows, logits)
+
+    engine._sample = failing_once  # type: ignore[method-assign]
+    with pytest.raises(EngineError, match="prefill failed"):
+        _gen(engine, _prompt(policy), "alice")
+    held = engine.adapters._versions["alice"][1]
+    assert held.in_use == 0  # released: it can be evicted or replaced again
+    assert _gen(engine, _prompt(policy), "alice").adapter_version == 1

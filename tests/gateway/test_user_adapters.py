@@ -34,6 +34,9 @@ def test_each_user_is_served_with_their_newest_adapter(scripted_server, caplog):
 
     _ask(served.url, "alice")
     assert last() == ("alice", 1, "alice")
+    turn = max(served.turns(), key=lambda t: t.created_at)
+    # not the shared policy's log-probs: never trained into it
+    assert not turn.trainable and turn.untrainable_reason == "user_adapter"
     _ask(served.url, "bob")
     assert last() == ("bob", None, None)
     _ask(served.url, None)

@@ -21,6 +21,7 @@ from clawrl.store import (
     SessionSource,
     Store,
     TurnRecord,
+    UserAdapterRecord,
     VerifierResultRecord,
     WeightsKind,
 )
@@ -45,6 +46,7 @@ def _fill(target: str) -> list[TurnRecord]:
         entry = MemoryEntryRecord("Lead with the number.", MemorySource.HINT, id="m1",
                                   source_turn_id=a.id, history=[{"event": "added"}])  # fmt: skip
         store.change_memory(add=[entry], source=MemorySourceClaim(f"hint:{a.id}", 1.0, "", "m1"))
+        store.publish_user_adapter(UserAdapterRecord("alice", 1, "/runs/users/alice/v1", step=3))
         return [a, b]
 
 
@@ -72,19 +74,19 @@ def test_copy_sqlite_to_postgresql_and_back_is_exact(pg_cluster, tmp_path, capsy
     turns = _fill(src)
     assert main(["store", "copy", src, pg]) == 0
     out = capsys.readouterr().out
-    assert "turns                   2" in out and out.count("verified") == 11
+    assert "turns                   2" in out and out.count("verified") == 12
     report = copy_store(pg, back)
     assert {c.table: c.rows for c in report} == {
         "sessions": 3, "turns": 2, "feedback": 1, "judgments": 1, "samples": 0,
         "policy_versions": 1, "rollout_groups": 1, "rollouts": 2, "verifier_results": 2,
-        "memory_entries": 1, "memory_sources": 1,
+        "memory_entries": 1, "memory_sources": 1, "user_adapters": 1,
     }  # fmt: skip
     for a, b in ((src, pg), (src, back)):
         with Store(a, read_only=True) as x, Store(b, read_only=True) as y:
             with x._read() as cx, y._read() as cy:
                 for table in ("sessions", "turns", "feedback", "judgments", "policy_versions",
                               "rollout_groups", "rollouts", "verifier_results",
-                              "memory_entries", "memory_sources"):  # fmt: skip
+                              "memory_entries", "memory_sources", "user_adapters"):  # fmt: skip
                     assert table_digest(cx, table) == table_digest(cy, table)
             assert [y.get_turn(t.id) for t in turns] == turns  # deltas rebuild on the copy
             assert y.rollout_results(run_id="run1") == x.rollout_results(run_id="run1")
@@ -149,3 +151,12 @@ def test_demo_runs_get_a_schema_each(pg_cluster, tmp_path) -> None:
     _fill(url)
     again = run_store(DemoSettings(store=pg_cluster), run_dir)  # a rerun starts empty
     assert again == url and not Store.exists(url)
+
+
+def test_the_copy_takes_every_table_with_data() -> None:
+    """A table added to the schema is copied (or this test names why not)."""
+    from clawrl.store.copy import TABLES
+    from clawrl.store.schema import SCHEMA
+
+    created = {s.split("CREATE TABLE ")[1].split()[0] for s in SCHEMA if "CREATE TABLE " in s}
+    assert set(TABLES) == created - {"leases"}  # leases belong to the source's processes

@@ -22,8 +22,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "trainer step that used them, the version of their own adapter and when the user was "
         "last seen. 'adapter USER DIR' records a PEFT LoRA adapter directory as the user's next "
         "adapter version: clawrl serve --per-user-adapters serves their requests with it on top "
-        "of the policy (replicas on the store pick it up within server.version_poll_s). One "
-        "policy still learns from every user: training per-user adapters is not built yet.",
+        "of the policy (a replica reads the table at most every server.version_poll_s, 2 s when "
+        "0, and loads the version on that user's next request). One "
+        "shared policy still learns from every user's turns served without an adapter (turns "
+        "served with one are not trained): training per-user adapters is not built yet.",
         epilog="examples:\n"
         "  clawrl users list --store clawrl.db\n"
         "  clawrl users list --json\n"

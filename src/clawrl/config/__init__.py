@@ -130,6 +130,14 @@ class EngineConfig(_Section):
     max_batch: int = Field(
         32, ge=1, le=1024, description="Most sequences decoded together (in-process engine)."
     )
+    max_adapters: int = Field(
+        8,
+        ge=1,
+        le=4096,
+        description="Most per-user adapters held in memory (server.per_user_adapters, "
+        "in-process engine); the least recently used beyond it are written to the engine's "
+        "spill folder and read back on their user's next request.",
+    )
     max_context: int | None = Field(
         None, ge=16, description="Context window in tokens; default: the model's own."
     )

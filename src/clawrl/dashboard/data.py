@@ -71,6 +71,8 @@ UNTRAINABLE_WORDS: dict[str, str] = {
     "another distribution than the one trained",
     UntrainableReason.UNCLOSED_REASONING: "stopped inside an unclosed <think>",
     UntrainableReason.SIDE_CALL: "a side call (title, compaction, memory): data, never loss",
+    UntrainableReason.USER_ADAPTER: "sampled with the user's own adapter: its log-probs are "
+    "not the shared policy's",
     UntrainableReason.ABANDONED_RETRY: "the client sent the same call again later and nothing "
     "went on from this answer",
 }

@@ -13,9 +13,11 @@ requests served with that adapter, PEFT's unmerged LoRA term (``LoraLayer.forwar
 Rows of other adapters, and rows without one, are not touched: their outputs are those of a
 pass with no adapter loaded, bit for bit, whatever any other adapter holds. Each adapter has
 versions that only increase; a row keeps the version it started with until it finishes (a
-newer version serves the next request). At most ``max_live`` adapters are held in memory:
-past that, the one used least recently and not serving a row is dropped from memory and
-reloaded from its directory on its next request.
+newer version serves the next request). A name's versions keep increasing after it is unloaded.
+At most ``max_live`` adapters are held in memory: past that, the one used least recently and
+not serving a row is written to the engine's own spill folder and read back on its next
+request (so a user's directory that was deleted or rewritten since cannot change or break a
+version the engine already took).
 
 Storage: per linear layer, one stack of every adapter held in memory (``A`` ``[slots, r, in]``,
 ``B`` ``[slots, out, r]``, ranks zero-padded to the largest), written when an adapter is loaded.
@@ -30,6 +32,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import shutil
+import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,8 +50,10 @@ AdapterKey = tuple[str, int]
 @dataclass
 class _Version:
     path: Path
-    slot: int | None  # its place in the stacks; None: dropped from memory, reloaded from ``path``
+    slot: int | None  # its place in the stacks; None: spilled to ``spill``
     scale: float = 1.0
+    modules: tuple[str, ...] = ()
+    spill: Path | None = None
     in_use: int = 0  # rows being served with it
     last_used: int = 0
 
@@ -95,6 +101,8 @@ class RowAdapters:
         self._free: list[int] = []
         self._batch: _Batch | None = None
         self._clock = itertools.count(1)
+        self._max_version: dict[str, int] = {}  # kept after unload: versions only increase
+        self._spill_dir: Path | None = None
 
     # ------------------------------------------------------------------ versions
 
@@ -119,17 +127,17 @@ class RowAdapters:
         """
         if not isinstance(name, str) or not name:
             raise ValueError("an adapter needs a non-empty name")
-        current = self._latest.get(name)
+        current = self._max_version.get(name)
         if current is not None and version <= current:
             raise ValueError(f"adapter {name!r}: versions only increase ({version} <= {current})")
         factors = self._checked(lora_factors(path))
         v = _Version(Path(path), None, last_used=next(self._clock))
         self._place(v, factors)
         self._versions.setdefault(name, {})[int(version)] = v
-        self._latest[name] = int(version)
+        self._latest[name] = self._max_version[name] = int(version)
         self.stats.loads += 1
         self._drop_unused(name)
-        self._evict()
+        self._evict(keep=v)
 
     def unload(self, name: str) -> None:
         """Stop serving ``name``: new requests naming it are refused; rows already on it
@@ -149,12 +157,17 @@ class RowAdapters:
             raise LookupError(f"no adapter named {name!r} is loaded (loaded: {known})")
         version = self._latest[name]
         v = self._versions[name][version]
-        if v.slot is None:
-            self._place(v, self._checked(lora_factors(v.path)))
+        if v.slot is None:  # read back what the engine wrote when it evicted it
+            assert v.spill is not None
+            saved = torch.load(v.spill, map_location="cpu", weights_only=True)
+            factors = {m: (saved["a"][m], saved["b"][m], float(saved["scale"])) for m in saved["a"]}
+            self._place(v, factors)
+            v.spill.unlink(missing_ok=True)
+            v.spill = None
             self.stats.loads += 1
         v.in_use += 1
         v.last_used = next(self._clock)
-        self._evict()
+        self._evict(keep=v)
         return name, version
 
     def release(self, key: AdapterKey) -> None:
@@ -254,6 +267,7 @@ class RowAdapters:
                     self._a[m][slot, : a.shape[0]] = a.to(device)
                     self._b[m][slot, :, : b.shape[1]] = b.to(device)
         v.scale = next(iter(factors.values()))[2] if factors else 0.0
+        v.modules = tuple(factors)
         self._scales[slot] = v.scale
         v.slot = slot
         self._count()
@@ -267,11 +281,16 @@ class RowAdapters:
             a_stack, b_stack = self._a[module_name], self._b[module_name]
             if batch.many:  # every row's adapter in two batched matmuls
                 xs = x.index_select(0, batch.rows).to(a_stack.dtype)
+                flat = xs.dim() == 2  # a layer fed [rows, in] (one token per row)
+                if flat:
+                    xs = xs.unsqueeze(1)
                 a = a_stack.index_select(0, batch.slots)  # [n, r, in]
                 b = b_stack.index_select(0, batch.slots)  # [n, out, r]
                 scale = self._scales.index_select(0, batch.slots)
                 delta = torch.bmm(torch.bmm(xs, a.transpose(1, 2)), b.transpose(1, 2))
-                delta = delta * scale.view(-1, *([1] * (delta.dim() - 1)))
+                delta = delta * scale.view(-1, 1, 1)
+                if flat:
+                    delta = delta.squeeze(1)
                 return output.index_add(0, batch.rows, delta.to(output.dtype))
             for slot, idx, whole in batch.grouped:
                 a, b = a_stack[slot], b_stack[slot]
@@ -301,18 +320,44 @@ class RowAdapters:
         if v.slot is not None:
             self._free.append(v.slot)
             v.slot = None
+        if v.spill is not None:
+            v.spill.unlink(missing_ok=True)
+            v.spill = None
 
-    def _evict(self) -> None:
+    def _spill(self, v: _Version) -> None:
+        """Write ``v``'s slot to the spill folder and free the slot."""
+        assert v.slot is not None
+        if self._spill_dir is None:
+            self._spill_dir = Path(tempfile.mkdtemp(prefix="clawrl-adapters-"))
+        path = self._spill_dir / f"{next(self._clock)}.pt"
+        saved = {
+            "a": {m: self._a[m][v.slot].cpu().clone() for m in v.modules},
+            "b": {m: self._b[m][v.slot].cpu().clone() for m in v.modules},
+            "scale": v.scale,
+        }
+        torch.save(saved, path)
+        self._free.append(v.slot)
+        v.slot, v.spill = None, path
+
+    def _evict(self, keep: _Version | None = None) -> None:
+        """Spill the least recently used adapters that serve no row (never ``keep``, the one
+        just loaded or asked for) until at most ``max_live`` are in memory."""
         while True:
             held = [v for vs in self._versions.values() for v in vs.values() if v.slot is not None]
             if len(held) <= self.max_live:
                 break
-            idle = [v for v in held if v.in_use == 0]
+            idle = [v for v in held if v.in_use == 0 and v is not keep]
             if not idle:
-                break  # every adapter in memory serves a row: over the cap until one finishes
-            self._free_slot(min(idle, key=lambda v: v.last_used))
+                break  # every other adapter in memory serves a row: over the cap until one ends
+            self._spill(min(idle, key=lambda v: v.last_used))
             self.stats.evictions += 1
         self._count()
+
+    def close(self) -> None:
+        """Remove the spill folder (the engine is closing)."""
+        if self._spill_dir is not None:
+            shutil.rmtree(self._spill_dir, ignore_errors=True)
+            self._spill_dir = None
 
     def _count(self) -> None:
         self.stats.live = sum(

@@ -83,6 +83,7 @@ class _GenRequest:
     max_new: int
     cancelled: threading.Event = field(default_factory=threading.Event)
     submitted: float = field(default_factory=time.perf_counter)
+    joined: bool = False  # its row is in the running batch (which releases its adapter)
 
 
 @dataclass
@@ -490,20 +491,24 @@ class TransformersEngine(InProcessFacts):
         given = {self._cache_kw: _batch_cache()} if self.batching == CONTINUOUS else {}
         adapter = self._acquire_adapter(req)
         try:
-            # logits of the last position only: a 10k-token prompt would otherwise materialise
-            # a [10k, vocab] float tensor (~2 GB for SmolLM2's 49k vocabulary)
-            with self.adapters.rows([adapter]):
-                out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **given)
-        except BaseException:
-            if adapter is not None:
+            self._prefill_with(req, ids, given, adapter)
+        finally:
+            if adapter is not None and not req.joined:  # its row never joined the batch
                 self.adapters.release(adapter)
-            raise
+
+    def _prefill_with(
+        self, req: _GenRequest, ids: torch.Tensor, given: dict[str, Any], adapter: AdapterKey | None
+    ) -> None:
+        """Prefill ``req`` (with ``adapter`` held) and add its row to the batch
+        (``req.joined``), or re-queue it for the serial path."""
+        # logits of the last position only: a 10k-token prompt would otherwise materialise
+        # a [10k, vocab] float tensor (~2 GB for SmolLM2's 49k vocabulary)
+        with self.adapters.rows([adapter]):
+            out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **given)
         cache = _output_cache(out, given.get(self._cache_kw))
         if self.batching == CONTINUOUS:
             why = cache_blocker(cache, len(req.prompt_ids))
             if why is not None:
-                if adapter is not None:
-                    self.adapters.release(adapter)
                 self._go_serial(why)
                 # prefilled again on the serial path (after the rows running, if any): the
                 # cache given here may not hold the model's state (RWKV returns its own)
@@ -524,6 +529,7 @@ class TransformersEngine(InProcessFacts):
         )  # fmt: skip
         token = self._sample([row], out.logits[:, -1, :])[0]
         self._merge(row, cache, token)
+        req.joined = True  # from now on the batch releases its adapter when the row leaves
         self._after_sample([row], [token])
 
     def _acquire_adapter(self, req: _GenRequest) -> AdapterKey | None:
@@ -832,6 +838,7 @@ class TransformersEngine(InProcessFacts):
             _settle(w.future, error=err)
         for a in self._adapter_ops:
             _settle(a.future, error=err)
+        self.adapters.close()
 
 
 def config_blocker(config: Any) -> str | None:

@@ -14,7 +14,9 @@ error kind if any. Status and trainability:
 An ``ok`` turn is still untrainable (with its reason) when it was an evaluation request, was
 sampled with top-k / top-p (``truncated_sampling``: its log-probs are of the truncated
 distribution, the trainer's and the OPD teacher's of the full one), or stopped inside an
-unclosed ``<think>`` (``unclosed_reasoning``: a tool call after it never reached the client).
+unclosed ``<think>`` (``unclosed_reasoning``: a tool call after it never reached the client), or
+was sampled with a user's own adapter (``user_adapter``: its log-probs are not the shared
+policy's; training per-user adapters is not built yet).
 
 Side calls (:attr:`PreparedCall.side_kind`) are recorded with kind ``side``, untrainable with
 reason ``side_call`` (data, never loss); messages left out
@@ -174,6 +176,8 @@ def build_turn(ctx: CallContext, choice: ChoiceResult) -> TurnRecord:
         trainable, reason = False, UntrainableReason.EVAL.value
     elif truncated_sampling(choice.params):
         trainable, reason = False, UntrainableReason.TRUNCATED_SAMPLING.value
+    elif choice.adapter_version is not None:  # not the shared policy's log-probs
+        trainable, reason = False, UntrainableReason.USER_ADAPTER.value
     elif (
         choice.parsed is not None
         and choice.parsed.reasoning_open

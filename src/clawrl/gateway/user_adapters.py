@@ -11,9 +11,11 @@ policy alone.
 The store is read at most every ``refresh_s`` seconds (so every replica on one store picks up a
 new version within that time) and an adapter is loaded into the engine on its user's first
 request after it was published (only users who call are held; the engine drops the least
-recently used past ``max_adapters`` and reloads them from disk). A version the engine refuses is
-logged once; the user keeps the version loaded before (or the policy alone), and the turn says
-which.
+recently used past ``engine.max_adapters`` to its own spill folder and reads them back). A
+version the engine refuses as invalid (``ValueError``: not a plain LoRA of this model, a version
+that does not increase) is logged once and not tried again; other failures (a directory still
+being written) are retried on a later request after ``refresh_s``. Meanwhile the user keeps the
+version loaded before (or the policy alone), and the turn says which.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class UserAdapters:
         self._latest: dict[str, UserAdapterRecord] = {}
         self._read_at = float("-inf")
         self._refused: set[tuple[str, int]] = set()
+        self._retry_at: dict[tuple[str, int], float] = {}
         self._locks: dict[str, asyncio.Lock] = {}
 
     async def _newest(self) -> dict[str, UserAdapterRecord]:
@@ -68,19 +71,27 @@ class UserAdapters:
 
     async def _load(self, record: UserAdapterRecord) -> None:
         key = (record.user_id, record.version)
-        if key in self._refused:
+        if key in self._refused or time.monotonic() < self._retry_at.get(key, float("-inf")):
             return
         try:
             fut = self.engine.load_adapter(record.user_id, record.version, record.weights)
             await asyncio.wrap_future(fut)
         except Exception as e:  # keep serving: the version loaded before, or the policy alone
-            self._refused.add(key)
-            before = self.loaded.get(record.user_id)
-            log.error(
-                "adapter version %d of user %r (%s) was not loaded: %s; serving them %s",
-                record.version, record.user_id, record.weights, e,
-                f"their version {before}" if before else "the policy alone",
-            )  # fmt: skip
+            invalid = isinstance(e, ValueError)
+            first = key not in self._retry_at
+            if invalid:
+                self._refused.add(key)
+            else:  # perhaps passing (files still being written): again after refresh_s
+                self._retry_at[key] = time.monotonic() + self.refresh_s
+            if invalid or first:
+                before = self.loaded.get(record.user_id)
+                log.error(
+                    "adapter version %d of user %r (%s) was not loaded: %s; serving them %s%s",
+                    record.version, record.user_id, record.weights, e,
+                    f"their version {before}" if before else "the policy alone",
+                    "" if invalid else " (tried again on a later request)",
+                )  # fmt: skip
             return
         self.loaded[record.user_id] = record.version
+        self._retry_at.pop(key, None)
         log.info("serving user %r with adapter version %d", record.user_id, record.version)

@@ -23,7 +23,7 @@ from clawrl.store.schema import SCHEMA_VERSION, table_columns
 TABLES = (
     "sessions", "turns", "feedback", "judgments", "samples", "policy_versions",
     "rollout_groups", "rollouts", "verifier_results", "memory_entries",
-    "memory_sources",
+    "memory_sources", "user_adapters",
 )  # fmt: skip
 """Every table of the store with data, in an order that keeps references valid (``leases``
 are not copied: they belong to the processes running on the source)."""

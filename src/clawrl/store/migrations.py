@@ -29,13 +29,7 @@ from dataclasses import dataclass
 
 from clawrl.errors import StoreError
 from clawrl.store.db import Conn, Database
-from clawrl.store.schema import (
-    MIGRATIONS_TABLE,
-    SCHEMA,
-    SCHEMA_VERSION,
-    USER_ADAPTERS,
-    render_ddl,
-)
+from clawrl.store.schema import MIGRATIONS_TABLE, SCHEMA, SCHEMA_VERSION, render_ddl
 from clawrl.store.users import USERS_SCHEMA_VERSION
 
 
@@ -271,7 +265,14 @@ MIGRATIONS: tuple[Migration, ...] = (
             "ALTER TABLE turns ADD COLUMN user_id TEXT NOT NULL DEFAULT ''",
             "ALTER TABLE turns ADD COLUMN adapter_version INTEGER",
             "CREATE INDEX idx_turns_user ON turns (user_id, created_at)",
-            USER_ADAPTERS,
+            """CREATE TABLE user_adapters (
+    user_id TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    weights TEXT NOT NULL,
+    step INTEGER,
+    created_at REAL NOT NULL,
+    PRIMARY KEY (user_id, version)
+)""",
         ),
     ),
 )

@@ -80,6 +80,8 @@ class UntrainableReason(StrEnum):
     # written after it was swallowed into reasoning
     SIDE_CALL = "side_call"  # a side call (title, compaction, memory, commit message, ...):
     # recorded as data, never trained, never a next state (see clawrl.gateway.side_calls)
+    USER_ADAPTER = "user_adapter"  # sampled with a user's own adapter on top of the policy
+    # (clawrl serve --per-user-adapters): its log-probs are not the shared policy's
     ABANDONED_RETRY = "abandoned_retry"  # a dead leaf: a later call of the same agent sent the
     # same prompt again (a retry), so nothing went on from this answer (the prefix tree decides
     # it, clawrl.trajectory.tree; the stored turn stays trainable)
