@@ -4,6 +4,7 @@ names the user."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -61,24 +62,40 @@ def test_a_store_from_before_users_is_migrated_or_says_how(tmp_path, capsys):
         assert store.schema_version == 8
 
 
-def test_users_adapter_records_the_next_version_of_a_plain_lora(tmp_path, capsys):
+def test_users_adapter_records_a_snapshot_of_an_adapter_that_fits(tmp_path, capsys):
     from peft import LoraConfig, get_peft_model
 
     from clawrl.models import tiny_policy
 
     db = str(tmp_path / "u.db")
     _record(db, "sess-alice", "alice")
-    model = get_peft_model(tiny_policy(seed=1).model,
-                           LoraConfig(r=2, target_modules="all-linear", task_type="CAUSAL_LM"))  # fmt: skip
+    tiny = tiny_policy(seed=1).model
+    tiny.config.save_pretrained(str(tmp_path / "tiny"))  # the served model (its config)
+    model = get_peft_model(tiny, LoraConfig(r=2, target_modules="all-linear",
+                                            task_type="CAUSAL_LM"))  # fmt: skip
     model.save_pretrained(str(tmp_path / "ad"))
+    args = ["--model", str(tmp_path / "tiny"), "--into", str(tmp_path / "into"), "--store", db]
     for want in (1, 2):
-        assert main(["users", "adapter", "alice", str(tmp_path / "ad"), "--store", db]) == 0
-        assert f"user alice: adapter v{want} = {tmp_path / 'ad'}" in capsys.readouterr().out
+        assert main(["users", "adapter", "alice", str(tmp_path / "ad"), *args]) == 0
+        assert f"user alice: adapter v{want} = {tmp_path / 'into'}" in capsys.readouterr().out
+    with Store(db) as store:
+        versions = store.user_adapter_versions("alice")
+    assert [r.version for r in versions] == [1, 2]
+    assert all(r.weights.startswith(str(tmp_path / "into")) for r in versions)
+    (tmp_path / "ad" / "adapter_model.safetensors").write_bytes(b"rewritten")
+    assert (Path(versions[0].weights) / "adapter_model.safetensors").stat().st_size > 100
     assert main(["users", "list", "--store", db]) == 0
     assert " v2 " in capsys.readouterr().out
-    assert main(["users", "adapter", "alice", str(tmp_path / "nothing"), "--store", db]) == 1
+    # what the engine could not serve is refused when it is recorded, saying why
+    assert main(["users", "adapter", "alice", str(tmp_path / "nothing"), *args]) == 1
     err = capsys.readouterr().err
     assert "is not a plain PEFT LoRA adapter directory" in err and "save_pretrained" in err
+    model.save_pretrained(str(tmp_path / "ad"))
+    assert main(["users", "adapter", "alice", str(tmp_path / "ad"), "--store", db]) == 1
+    err = capsys.readouterr().err  # an adapter of the tiny model, against smollm2-135m
+    assert "is not an adapter of smollm2-135m" in err and "do not fit" in err
+    assert main(["users", "adapter", "a\nb", str(tmp_path / "ad"), *args]) == 1
+    assert "control character" in capsys.readouterr().err
     with Store(db) as store:
         assert [r.version for r in store.user_adapter_versions("alice")] == [1, 2]
 

@@ -5,12 +5,15 @@ version serves the next request; a version the engine refuses leaves the one bef
 from __future__ import annotations
 
 import concurrent.futures
+import io
+import json
 import logging
 
 import httpx
 
 from clawrl.gateway.user_adapters import UserAdapters
 from clawrl.store import UserAdapterRecord
+from clawrl.trajectory.export import export_jsonl
 
 CHAT = [{"role": "user", "content": "hi"}]
 
@@ -37,6 +40,11 @@ def test_each_user_is_served_with_their_newest_adapter(scripted_server, caplog):
     turn = max(served.turns(), key=lambda t: t.created_at)
     # not the shared policy's log-probs: never trained into it
     assert not turn.trainable and turn.untrainable_reason == "user_adapter"
+    out = io.StringIO()
+    export_jsonl(served.store, out, [turn.session_id])
+    (exported,) = json.loads(out.getvalue())["turns"]
+    assert (exported["user_id"], exported["adapter_version"]) == ("alice", 1)
+    assert exported["untrainable_reason"] == "user_adapter"
     _ask(served.url, "bob")
     assert last() == ("bob", None, None)
     _ask(served.url, None)

@@ -34,21 +34,24 @@ def _users(served) -> list[str]:
 
 
 def test_each_protocol_records_the_user_its_request_names(scripted_server):
-    served = scripted_server(["ok"] * 8)
+    served = scripted_server(["ok"] * 9)
     claude_code = json.dumps({"device_id": "d1", "session_id": "0b6c4c1e-session"})
+    older_claude_code = ("user_4f1e9c0d2b_account_7a1c_session_"
+                         "0b6c4c1e-8d2f-4f6a-9c3e-2a7b5d9e1f00")  # fmt: skip
     codes = [
         _chat(served.url, user="alice").status_code,
         _chat(served.url, headers={"x-clawrl-user": "bob"}, user="alice").status_code,
         _chat(served.url, safety_identifier="carol").status_code,
         _message(served.url, metadata={"user_id": "dave"}).status_code,
         _message(served.url, metadata={"user_id": claude_code}).status_code,
+        _message(served.url, metadata={"user_id": older_claude_code}).status_code,
         _response(served.url, user="erin").status_code,
         _response(served.url, safety_identifier="frank").status_code,
         _chat(served.url).status_code,
     ]
-    assert codes == [200] * 8
-    # the header wins over the body; Claude Code's JSON user_id names a session, not a user
-    assert _users(served) == ["alice", "bob", "carol", "dave", "", "erin", "frank", ""]
+    assert codes == [200] * 9
+    # the header wins over the body; Claude Code's user_id names a session, not a user
+    assert _users(served) == ["alice", "bob", "carol", "dave", "", "", "erin", "frank", ""]
 
 
 def test_with_user_from_key_each_api_key_is_a_user_and_the_key_is_not_stored(

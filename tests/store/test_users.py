@@ -104,3 +104,13 @@ def test_a_users_adapter_versions_only_increase_and_turns_keep_theirs(store):
     assert store.get_turn(turn.id).adapter_version == 2
     (alice,) = [u for u in store.users() if u.user_id == "alice"]
     assert alice.adapter_version == 2
+
+
+def test_a_user_with_an_adapter_and_no_turn_yet_is_listed(store):
+    from clawrl.store import UserAdapterRecord
+
+    _turn(store, "s1", "alice", 1.0)
+    store.publish_user_adapter(UserAdapterRecord("zed", 1, "/a/zed/v1", created_at=7.0))
+    users = {u.user_id: u for u in store.users()}
+    assert (users["zed"].turns, users["zed"].adapter_version, users["zed"].last_seen) == (0, 1, 7.0)
+    assert users["alice"].adapter_version is None

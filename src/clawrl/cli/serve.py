@@ -301,6 +301,10 @@ def run(args: argparse.Namespace) -> int:
         auth = ' -H "Authorization: Bearer $CLAWRL_API_KEY"' if api_key else ""
         print(f"clawrl gateway: serving {name} at {base}  (store: {runtime.store.target})",
               flush=True)  # fmt: skip
+        if cfg.server.per_user_adapters:
+            print(f"per-user adapters: on (users from {', '.join(cfg.server.user_from) or 'nowhere'}"
+                  f"; at most {cfg.engine.max_adapters} in memory; record one with clawrl users "
+                  "adapter USER DIR)", flush=True)  # fmt: skip
         if not args.quiet:
             runtime.app.state.gateway.turn_listeners.append(
                 lambda turns: print(request_line(turns), flush=True)

@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import json
 import time
+from typing import Any
 
 from clawrl.cli.common import STORE_HELP, add_config_options, config_from_args, open_existing_store
 
@@ -31,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "  clawrl users list --json\n"
         "  clawrl sessions list --user alice         # that user's sessions\n"
         "  clawrl users adapter alice runs/alice/adapter   # alice's next adapter version\n"
-        "  clawrl serve --set 'server.user_from=[\"key\"]' --api-key ...   # a user per key",
+        "  clawrl serve --set 'server.user_from=[\"key\"]'   # the presented key's fingerprint",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     usub = p.add_subparsers(dest="users_command", metavar="ACTION", required=True)
@@ -45,6 +46,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     ad.add_argument("adapter_dir", metavar="DIR",
                     help="a PEFT LoRA adapter directory of the served model (adapter_config.json "
                     "and adapter_model.safetensors; plain LoRA)")  # fmt: skip
+    ad.add_argument("--model", help="the served model it must fit (default: model.spec, "
+                    "smollm2-135m)")  # fmt: skip
+    ad.add_argument("--into", default="runs/user-adapters", metavar="DIR",
+                    help="where the version's copy goes (DIR/<user digest>/vN; default "
+                    "runs/user-adapters): a version never changes after it is recorded")  # fmt: skip
     ad.add_argument("--store", help=STORE_HELP)
     add_config_options(ad)
     ad.set_defaults(func=run_adapter)
@@ -87,24 +93,67 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_adapter(args: argparse.Namespace) -> int:
+    import hashlib
+    import shutil
     from pathlib import Path
 
-    from clawrl.engine.lora import lora_factors
     from clawrl.errors import ConfigError
     from clawrl.store import UserAdapterRecord
+    from clawrl.store.users import user_id_problem
 
-    path = Path(args.adapter_dir).resolve()
+    if (problem := user_id_problem(args.user_id)) is not None or not args.user_id:
+        raise ConfigError(f"user id {args.user_id!r} {problem or 'is empty'}")
+    config = config_from_args(args)
+    source = Path(args.adapter_dir).resolve()
+    _check_adapter(source, args.model or config.model.spec)
+    with open_existing_store(args.store or config.server.store) as store:
+        before = store.user_adapter_versions(args.user_id)
+        version = (before[-1].version if before else 0) + 1
+        user_dir = hashlib.sha256(args.user_id.encode()).hexdigest()[:16]
+        snapshot = Path(args.into).resolve() / user_dir / f"v{version}"
+        if snapshot.exists():
+            raise ConfigError(f"{snapshot} exists already: pass another --into")
+        # a snapshot: the directory given may be rewritten later; the version must not change
+        shutil.copytree(source, snapshot, ignore=shutil.ignore_patterns("*.bin", "README.md"))
+        try:
+            store.publish_user_adapter(UserAdapterRecord(args.user_id, version, str(snapshot)))
+        except BaseException:
+            shutil.rmtree(snapshot, ignore_errors=True)
+            raise
+    print(f"user {args.user_id}: adapter v{version} = {snapshot} (copied from {source}; clawrl "
+          "serve --per-user-adapters serves it from their next request)")  # fmt: skip
+    return 0
+
+
+def _check_adapter(path: Any, model_spec: str) -> None:
+    """Refuse what the engine could not serve to users of ``model_spec``: not a plain PEFT
+    LoRA directory, or modules and shapes another model has (checked on a weightless copy).
+
+    Raises:
+        ConfigError: saying what is wrong and what to give instead.
+    """
+    import torch
+
+    from clawrl.engine.lora import lora_factors
+    from clawrl.engine.row_adapters import check_fits
+    from clawrl.errors import ConfigError
+    from clawrl.models.loading import _resolve
+
     try:
-        lora_factors(path)  # a plain LoRA adapter the engine can serve per request
+        factors = lora_factors(path)
     except (OSError, ValueError, KeyError) as e:
         raise ConfigError(
             f"{path} is not a plain PEFT LoRA adapter directory ({e}): give the directory "
             "save_pretrained wrote (adapter_config.json, adapter_model.safetensors)"
         ) from e
-    with open_existing_store(args.store or config_from_args(args).server.store) as store:
-        before = store.user_adapter_versions(args.user_id)
-        version = (before[-1].version if before else 0) + 1
-        store.publish_user_adapter(UserAdapterRecord(args.user_id, version, str(path)))
-    print(f"user {args.user_id}: adapter v{version} = {path} (clawrl serve --per-user-adapters "
-          "serves it from their next request)")  # fmt: skip
-    return 0
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    source, _ = _resolve(model_spec)
+    with torch.device("meta"):  # names and shapes only, no weights
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source))
+    try:
+        check_fits(model, factors)
+    except ValueError as e:
+        raise ConfigError(
+            f"{path} is not an adapter of {model_spec}: {e} (pass --model for another served model)"
+        ) from e

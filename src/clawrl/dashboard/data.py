@@ -462,6 +462,8 @@ class DashboardSource:
                         "status": turn.status.value,
                         "finish_reason": turn.finish_reason,
                         "version": turn.policy_version,
+                        "user": turn.user_id,
+                        "adapter_version": turn.adapter_version,
                         "prompt_tokens": len(turn.prompt_ids),
                         "completion_tokens": len(turn.completion_ids),
                         "latency_s": turn.latency_s,

@@ -97,7 +97,10 @@ def lora_factors(path: str | Path) -> dict[str, LoraFactors]:
         elif name.endswith(".lora_B.weight"):
             b_mats[name.removesuffix(".lora_B.weight")] = value
         else:
-            raise UnsupportedAdapter(f"{root}: tensor {key!r} is not a LoRA A or B matrix")
+            raise UnsupportedAdapter(
+                f"{root}: tensor {key!r} is not a LoRA A or B matrix (only LoRA on linear "
+                "layers is served: embeddings, modules_to_save and other layers are not)"
+            )
     if a_mats.keys() != b_mats.keys():
         raise ValueError(f"{root}: LoRA A and B matrices do not pair up")
     out: dict[str, LoraFactors] = {}

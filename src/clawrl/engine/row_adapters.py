@@ -47,6 +47,29 @@ AdapterKey = tuple[str, int]
 """An adapter version: ``(name, version)``."""
 
 
+def check_fits(model: torch.nn.Module, factors: dict[str, LoraFactors]) -> None:
+    """Check that every module of an adapter is a linear layer of ``model`` of its shape (a
+    model on the ``meta`` device will do: only names and shapes are read).
+
+    Raises:
+        ValueError: a module the model lacks or that is not ``nn.Linear``, shapes that do not
+            fit, or several scales (not plain LoRA).
+    """
+    modules = dict(model.named_modules())
+    for name, (a, b, _) in factors.items():
+        layer = modules.get(name)
+        if not isinstance(layer, torch.nn.Linear):
+            raise ValueError(f"adapter module {name!r} is not a linear layer of this model")
+        if a.shape[1] != layer.in_features or b.shape[0] != layer.out_features:
+            raise ValueError(
+                f"adapter module {name!r}: A {tuple(a.shape)}, B {tuple(b.shape)} do not fit "
+                f"a linear layer of {layer.in_features} -> {layer.out_features}"
+            )
+    scales = {s for _, _, s in factors.values()}
+    if len(scales) > 1:
+        raise ValueError(f"adapter has several scales {sorted(scales)}: not plain LoRA")
+
+
 @dataclass
 class _Version:
     path: Path
@@ -211,22 +234,8 @@ class RowAdapters:
     # ------------------------------------------------------------------ storage
 
     def _checked(self, factors: dict[str, LoraFactors]) -> dict[str, LoraFactors]:
-        modules = dict(self.model.named_modules())
-        out: dict[str, LoraFactors] = {}
-        for name, (a, b, scale) in factors.items():
-            layer = modules.get(name)
-            if not isinstance(layer, torch.nn.Linear):
-                raise ValueError(f"adapter module {name!r} is not a linear layer of this model")
-            if a.shape[1] != layer.in_features or b.shape[0] != layer.out_features:
-                raise ValueError(
-                    f"adapter module {name!r}: A {tuple(a.shape)}, B {tuple(b.shape)} do not fit "
-                    f"a linear layer of {layer.in_features} -> {layer.out_features}"
-                )
-            out[name] = (a, b, scale)
-        scales = {s for _, _, s in out.values()}
-        if len(scales) > 1:
-            raise ValueError(f"adapter has several scales {sorted(scales)}: not plain LoRA")
-        return out
+        check_fits(self.model, factors)
+        return factors
 
     def _place(self, v: _Version, factors: dict[str, LoraFactors]) -> None:
         """Write ``factors`` into a free slot of the stacks (growing them as needed)."""

@@ -6,7 +6,8 @@
   ``default_headers``, Claude Code ``ANTHROPIC_CUSTOM_HEADERS``);
 - ``body``: the end-user field of the client's own protocol: OpenAI's ``user`` (chat
   completions and Responses) or ``safety_identifier``, Anthropic's ``metadata.user_id`` when it
-  is a plain id (Claude Code's JSON-object string carries a session, not a user, and is skipped);
+  is a plain id (Claude Code's, a JSON-object string or ``user_<hash>_account_..._session_<uuid>``
+  before, names a session, not a user, and is skipped);
 - ``key``: the fingerprint of the API key the request presented (``sha256:`` and 16 hex
   digits, :func:`clawrl.gateway.auth.key_fingerprint`), so that each key is one user.
 
@@ -19,6 +20,7 @@ another user's id.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -52,10 +54,15 @@ def body_user(
         return "safety_identifier", extra["safety_identifier"]
     if isinstance(metadata, Mapping) and metadata.get("user_id") is not None:
         value = metadata["user_id"]
-        if isinstance(value, str) and _is_json_object(value):
-            return None  # Claude Code: a JSON object naming the session, not a user
+        if isinstance(value, str) and (_is_json_object(value) or _OLD_CLAUDE_CODE.search(value)):
+            return None  # Claude Code: it names the session (and device), not a user
         return "metadata.user_id", value
     return None
+
+
+_OLD_CLAUDE_CODE = re.compile(r"_session_[0-9a-fA-F-]{36}$")
+"""Claude Code before its JSON ``metadata.user_id``: ``user_<hash>_account_<id>_session_<uuid>``
+(a new "user" per session if taken as one)."""
 
 
 def _is_json_object(text: str) -> bool:

@@ -58,7 +58,8 @@ class UserSummary:
         turns: the user's turns (every status, side calls included).
         judged: of them, turns with a judgment row.
         trained: of them, turns a trainer step consumed (``samples.status = 'trained'``).
-        last_seen: ``created_at`` of the user's latest turn (seconds since the epoch).
+        last_seen: ``created_at`` of the user's latest turn (seconds since the epoch; for a
+            user with an adapter and no turn yet, when the adapter was recorded).
         last_step: the latest trainer step that consumed one of the user's turns, or ``None``.
         adapter_version: the user's latest adapter version (``None``: served the policy alone).
     """
@@ -213,7 +214,12 @@ class UserQueries:
                 adapter_version=a.version if (a := adapters.get(r["user_id"])) else None,
             )
             for r in rows
-        ]
+        ] + [  # an adapter recorded for a user who has not called yet
+            UserSummary(user_id=u, sessions=0, turns=0, judged=0, trained=0,
+                        last_seen=a.created_at, last_step=None, adapter_version=a.version)
+            for u, a in sorted(adapters.items())
+            if u not in {r["user_id"] for r in rows}
+        ]  # fmt: skip
 
 
 def _require_users(store: _HasUsers) -> None:

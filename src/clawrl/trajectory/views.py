@@ -58,7 +58,10 @@ def _label(tree: SessionTree, node: TreeNode) -> Text:
     kind = turn.kind.value if turn.side_kind is None else f"{turn.kind.value}/{turn.side_kind}"
     label = Text.assemble(
         (turn.id[:8], "bold"),
-        f" {kind} v{turn.policy_version} {turn.status.value}",
+        f" {kind} v{turn.policy_version}",
+        f" user {turn.user_id}" if turn.user_id else "",
+        f" adapter v{turn.adapter_version}" if turn.adapter_version is not None else "",
+        f" {turn.status.value}",
         f" {turn.finish_reason or '-'}",
         f" p={len(turn.prompt_ids)} c={len(turn.completion_ids)} ",
     )

@@ -236,6 +236,8 @@ function renderTurn(t, open) {
     el("span", { class: "mono strong", text: short(t.id) }),
     t.kind !== "main" ? el("span", { class: "tag warn", title: "a side call: recorded, never trained", text: t.kind }) : null,
     el("span", { class: "tag", title: "the policy version that sampled this answer", text: `v${t.version}` }),
+    t.user ? el("span", { class: "tag", title: "whose request it answered", text: `user ${t.user}` }) : null,
+    t.adapter_version !== null && t.adapter_version !== undefined ? el("span", { class: "tag", title: "the version of the user's own adapter that sampled it (on top of the policy)", text: `adapter v${t.adapter_version}` }) : null,
     el("span", { class: `tag st-${t.status}`, text: t.status }),
     el("span", { class: "muted" }, `${t.finish_reason || "–"} · prompt ${t.prompt_tokens} · completion ${t.completion_tokens} tokens · ${t.latency_s === null ? "–" : fmt(t.latency_s, 2) + " s"} · `, when(t.created_at)),
     t.root_reason && t.root_reason !== "first" ? el("span", { class: "tag warn", text: t.root_reason }) : null,
