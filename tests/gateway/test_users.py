@@ -78,7 +78,7 @@ def test_an_id_that_cannot_be_a_user_is_a_400_in_the_clients_protocol(scripted_s
     r = _chat(served.url, user="x" * 300)
     assert r.status_code == 400
     err = r.json()["error"]  # (the body's user is a session id too: refused there first)
-    assert err["param"] == "user" and "256" in err["message"]
+    assert err["param"] == "user" and "256" in err["message"] and err["code"] == "invalid_user"
     r = _chat(served.url, headers={"x-clawrl-user": "x" * 300})
     err = r.json()["error"]
     assert r.status_code == 400 and err["code"] == "invalid_user" and "256" in err["message"]

@@ -101,20 +101,24 @@ class Link:
 
 
 def _check_id(value: Any, where: str) -> str | None:
+    # the body's ``user`` names the user too (clawrl.gateway.users): the same code either way
+    code = "invalid_user" if where == "user" else None
     if value is None:
         return None
     if isinstance(value, int | float) and not isinstance(value, bool):
         value = str(value)
     if not isinstance(value, str):
-        raise ClientInputError(f"{where} must be a string", param=where)
+        raise ClientInputError(f"{where} must be a string", param=where, code=code)
     value = value.strip()
     if not value:
         return None
     if any(ord(c) < 32 or ord(c) == 127 for c in value):
-        raise ClientInputError(f"{where} must not contain control characters", param=where)
+        raise ClientInputError(
+            f"{where} must not contain control characters", param=where, code=code
+        )
     if len(value) > MAX_SESSION_ID_LEN:
         raise ClientInputError(
-            f"{where} is longer than {MAX_SESSION_ID_LEN} characters", param=where
+            f"{where} is longer than {MAX_SESSION_ID_LEN} characters", param=where, code=code
         )
     return value
 
