@@ -94,6 +94,9 @@ def _vllm_engine(policy: Policy, config: Config) -> Engine:
         server = VLLMServer(
             policy.path, python=ec.vllm_python, run_dir=Path(config.trainer.output_dir) / "vllm",
             dtype=config.model.dtype, max_lora_rank=config.trainer.lora_rank,
+            # per-user adapters: the base's zero adapter, the policy's and the users' at once
+            max_loras=ec.max_adapters + 2 if config.server.per_user_adapters else 4,
+            max_cpu_loras=ec.max_adapters + 2 if config.server.per_user_adapters else None,
             extra_args=ec.vllm_args, startup_timeout_s=ec.vllm_startup_timeout_s,
         )  # fmt: skip
         urls, on_close = [server.start()], server.stop
@@ -314,6 +317,7 @@ def build_runtime(
     judge: JudgeBundle | None = None,
     model_name: str | None = None,
     api_key: str | None = None,
+    user_keys: dict[str, str] | None = None,
     online: bool = True,
     schedule: Literal["async", "fixed"] = "async",
 ) -> Runtime:
@@ -329,6 +333,7 @@ def build_runtime(
             and then owned by the runtime.
         model_name: the served name; default: the model spec (a directory's name).
         api_key: the bearer key every route but ``/healthz`` requires (``None``: no auth).
+        user_keys: users' keys, key -> user (:func:`clawrl.gateway.auth.load_user_keys`).
         online: with a training method, run the online loop (True) or give the caller a
             trainer to step (False, harness mode). With ``server.external_trainer`` the online
             loop runs elsewhere (``clawrl judge worker`` and ``clawrl train``) and this app
@@ -416,6 +421,7 @@ def build_runtime(
                 store, engine, policy, judged_by, config.trainer,
                 judge_timeout_s=config.judge.timeout_s, schedule=schedule, metrics=metrics,
                 memory=keeper if config.memory.distill else None,
+                per_user=config.server.per_user_adapters, max_users=config.engine.max_adapters,
             ), name="clawrl-load")  # fmt: skip
         elif method.trains and not online:  # harness mode: the caller steps this learner
             from clawrl.trainer import Trainer
@@ -450,9 +456,10 @@ def build_runtime(
         if config.server.per_user_adapters:  # in-process only (Config checks it)
             from clawrl.gateway.user_adapters import UserAdapters
 
-            user_adapters = UserAdapters(store, engine, config.server.version_poll_s or 2.0)
+            user_adapters = UserAdapters(store, engine, config.server.version_poll_s or 2.0,
+                                         trained=service is not None)  # fmt: skip
         app = create_app(
-            engine, policy.tokenizer, store, model_name=name, api_key=api_key,
+            engine, policy.tokenizer, store, model_name=name, api_key=api_key, user_keys=user_keys,
             defaults=config.sampling, lifespan=lifespan, memory=memory, memory_admin=keeper,
             user_from=config.server.user_from, user_adapters=user_adapters,
         )  # fmt: skip

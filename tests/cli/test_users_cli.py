@@ -109,6 +109,9 @@ def test_user_settings_are_checked_with_a_reason():
         load_config(None, ['server.user_from=["key", "key"]'])
     with pytest.raises(ConfigError, match="'header', 'body' or 'key'"):
         load_config(None, ['server.user_from=["ip"]'])
-    with pytest.raises(ConfigError, match="needs the in-process engine") as e:
-        load_config(None, ["server.per_user_adapters=true", 'engine.backend="vllm"'])
+    cfg = load_config(None, ["server.per_user_adapters=true", 'engine.backend="vllm"'])
+    assert cfg.server.per_user_adapters  # vLLM serves them too
+    with pytest.raises(ConfigError, match="clawrl train trains the shared policy only") as e:
+        load_config(None, ["server.per_user_adapters=true", "server.external_trainer=true",
+                           'trainer.method="rl"'])  # fmt: skip
     assert "Value error" not in str(e.value)

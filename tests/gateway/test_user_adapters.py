@@ -45,6 +45,11 @@ def test_each_user_is_served_with_their_newest_adapter(scripted_server, caplog):
     (exported,) = json.loads(out.getvalue())["turns"]
     assert (exported["user_id"], exported["adapter_version"]) == ("alice", 1)
     assert exported["untrainable_reason"] == "user_adapter"
+    served.app.state.gateway.user_adapters.trained = True  # this server trains users' adapters
+    _ask(served.url, "alice")
+    turn = max(served.turns(), key=lambda t: t.created_at)
+    assert turn.trainable and turn.untrainable_reason is None  # for alice's own learner
+    served.app.state.gateway.user_adapters.trained = False
     _ask(served.url, "bob")
     assert last() == ("bob", None, None)
     _ask(served.url, None)

@@ -53,7 +53,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="TCP port (default 8000; 0 picks a free one)")
     p.add_argument("--store", help=STORE_HELP.replace("server.store, ", ""))
-    p.add_argument("--api-key", help=f"require this bearer key (or set ${API_KEY_ENV})")
+    p.add_argument("--api-key", help=f"require this bearer key (or set ${API_KEY_ENV}); with "
+                   "--user-keys it is the admin key, which sees every user's data")  # fmt: skip
+    p.add_argument("--user-keys", metavar="FILE",
+                   help="users' API keys, one 'USER KEY' per line: a request with one is that "
+                   "user's, and sees only that user's sessions and feedback "
+                   "(server.user_keys_file)")  # fmt: skip
     p.add_argument("--served-model-name", help="name in /v1/models (default: the model spec)")
     p.add_argument(
         "--shutdown-grace",
@@ -84,8 +89,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         default=None,
         help="serve each user (the x-clawrl-user header or the body's user field; "
         "server.user_from) with the newest version of their own LoRA adapter on top of the "
-        "policy, many users batched together; record one with clawrl users adapter USER DIR "
-        "(server.per_user_adapters; in-process engine only; training them is not built yet)",
+        "policy, many users batched together; with a training method each user's judged turns "
+        "train their own adapter (the shared policy is not trained then; turns naming no user "
+        "are not trained); record one by hand with clawrl users adapter USER DIR "
+        "(server.per_user_adapters)",
     )
     p.add_argument(
         "--distill",
@@ -240,7 +247,19 @@ def run(args: argparse.Namespace) -> int:
     host = args.host or cfg.server.host
     port = cfg.server.port if args.port is None else args.port
     api_key = resolve_api_key(args.api_key, cfg.server.api_key)
-    check_bind(host, api_key)
+    user_keys = None
+    keys_file = args.user_keys or cfg.server.user_keys_file
+    if keys_file:
+        from clawrl.gateway.auth import load_user_keys
+
+        user_keys = load_user_keys(keys_file, admin_key=api_key)
+        if cfg.memory.enabled:
+            raise ConfigError(
+                "--memory keeps one memory for the served policy: every user's directives would "
+                "reach every other user's prompts, which users' keys promise not to do; serve "
+                "without --memory (or without --user-keys)"
+            )
+    check_bind(host, api_key or (next(iter(user_keys)) if user_keys else None))
     from clawrl.gateway.server import bind_socket
 
     sock = bind_socket(host, port)
@@ -267,7 +286,8 @@ def run(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGTERM, terminate)
     try:
         with err.status(loading):
-            runtime = build_runtime(cfg, model_name=args.served_model_name, api_key=api_key)
+            runtime = build_runtime(cfg, model_name=args.served_model_name, api_key=api_key,
+                                    user_keys=user_keys)  # fmt: skip
     finally:
         signal.signal(signal.SIGTERM, previous)
     try:
@@ -301,6 +321,11 @@ def run(args: argparse.Namespace) -> int:
         auth = ' -H "Authorization: Bearer $CLAWRL_API_KEY"' if api_key else ""
         print(f"clawrl gateway: serving {name} at {base}  (store: {runtime.store.target})",
               flush=True)  # fmt: skip
+        shared = runtime.store.latest_policy_version()
+        if cfg.server.per_user_adapters and runtime.service is not None and shared is not None:
+            print(f"per-user adapters train on the base weights: this store's shared policy "
+                  f"v{shared.version} is not served (serve without --per-user-adapters to "
+                  "serve it)", flush=True)  # fmt: skip
         if cfg.server.per_user_adapters:
             print(f"per-user adapters: on (users from {', '.join(cfg.server.user_from) or 'nowhere'}"
                   f"; at most {cfg.engine.max_adapters} in memory; record one with clawrl users "

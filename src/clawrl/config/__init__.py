@@ -134,9 +134,11 @@ class EngineConfig(_Section):
         8,
         ge=1,
         le=4096,
-        description="Most per-user adapters held in memory (server.per_user_adapters, "
-        "in-process engine); the least recently used beyond it are written to the engine's "
-        "spill folder and read back on their user's next request.",
+        description="Most per-user adapters held in memory (server.per_user_adapters); the least "
+        "recently used beyond it are written to the engine's spill folder and read back on "
+        "their user's next request (a vLLM server clawrl launches gets --max-loras and "
+        "--max-cpu-loras max_adapters + 2: vLLM does the same). Also the most users whose "
+        "trainer state stays in memory.",
     )
     max_context: int | None = Field(
         None, ge=16, description="Context window in tokens; default: the model's own."
@@ -209,6 +211,14 @@ class ServerConfig(_Section):
     api_key: str | None = Field(
         None, description="Required bearer key; needed to bind a non-loopback address."
     )
+    user_keys_file: str | None = Field(
+        None,
+        description="A file of users' API keys, one 'USER KEY' per line: a request with a "
+        "user's key is that user's (header and body may not name another) and sees only that "
+        "user's sessions, turns and feedback; what spans every user (dashboard overview, "
+        "training, judge and memory pages, /metrics, the memory routes) needs api_key, the "
+        "admin key.",
+    )
     store: str = Field(
         "clawrl.db",
         min_length=1,
@@ -234,8 +244,12 @@ class ServerConfig(_Section):
         False,
         description="Serve each user (server.user_from) with the newest version of their own "
         "LoRA adapter on top of the policy, as the store's user_adapters table names it "
-        "(clawrl users adapter USER DIR records one); users without one get the policy alone. "
-        "In-process engine only for now.",
+        "(clawrl users adapter USER DIR records one); users without one get the policy alone "
+        "(on vLLM a user's adapter is served on the base or full fine-tuned weights: not while "
+        "the policy is a LoRA version). "
+        "With a training method, each user's judged turns train their own adapter (a version "
+        "per step; the shared policy is not trained, turns naming no user are not trained). "
+        "Trained in the serving process only (not with server.external_trainer).",
     )
     external_trainer: bool = Field(
         False,
@@ -397,11 +411,15 @@ class Config(BaseModel):
 
     @model_validator(mode="after")
     def _per_user_adapters_in_process(self) -> Config:
-        if self.server.per_user_adapters and self.engine.backend != "transformers":
+        if (
+            self.server.per_user_adapters
+            and self.server.external_trainer
+            and self.trainer.method.trains
+        ):
             raise ValueError(
-                "server.per_user_adapters needs the in-process engine for now "
-                "(engine.backend = 'transformers'): the vLLM engine serves no per-user adapters "
-                "yet"
+                "server.per_user_adapters trains each user's adapter inside clawrl serve (its "
+                "online learner); clawrl train trains the shared policy only: turn "
+                "server.external_trainer off, or per_user_adapters off"
             )
         return self
 

@@ -34,6 +34,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 
 from clawrl.dashboard.data import PAGE_SIZE_MAX, DashboardSource
 from clawrl.errors import ClientInputError, StoreError
+from clawrl.gateway.auth import key_user, require_admin
 from clawrl.store.users import MAX_USER_ID_CHARS, user_id_problem
 
 PREFIX = "/dashboard"
@@ -132,7 +133,8 @@ async def _json(request: Request, fn: Any, *args: Any) -> JSONResponse:
 
 @router.get("/api/overview")
 async def api_overview(request: Request) -> JSONResponse:
-    """:meth:`DashboardSource.overview`."""
+    """:meth:`DashboardSource.overview` (the admin key's only: it spans every user)."""
+    require_admin(request, "the overview")
     return await _json(request, _source(request).overview)
 
 
@@ -150,6 +152,12 @@ async def api_sessions(
         raise ClientInputError("the search text 'q' must not contain NUL characters", param="q")
     if user is not None and (problem := user_id_problem(user)) is not None:
         raise ClientInputError(f"the user filter {problem}", param="user")
+    keyed = key_user(request)
+    if keyed is not None:  # a user's key: their sessions only
+        if user is not None and user != keyed:
+            raise ClientInputError(f"this key is user {keyed!r}'s: it lists their sessions only",
+                                   status=403, param="user", code="user_mismatch")  # fmt: skip
+        user = keyed
     return await _json(request, _source(request).sessions, q, limit, offset, user)
 
 
@@ -161,9 +169,11 @@ async def api_session(request: Request, session_id: str = SESSION_ID) -> JSONRes
         ClientInputError: 404 for an unknown session.
     """
     source = _source(request)
+    keyed = key_user(request)
 
     def read() -> dict[str, Any]:
-        if source.store.get_session(session_id) is None:
+        theirs = keyed is None or keyed in source.store.session_user_ids(session_id)
+        if source.store.get_session(session_id) is None or not theirs:
             raise ClientInputError(
                 f"session {session_id!r} does not exist",
                 status=404,
@@ -180,19 +190,22 @@ async def api_session(request: Request, session_id: str = SESSION_ID) -> JSONRes
 
 @router.get("/api/training")
 async def api_training(request: Request) -> JSONResponse:
-    """:meth:`DashboardSource.training`."""
+    """:meth:`DashboardSource.training` (the admin key's only)."""
+    require_admin(request, "the training page")
     return await _json(request, _source(request).training)
 
 
 @router.get("/api/judge")
 async def api_judge(request: Request) -> JSONResponse:
-    """:meth:`DashboardSource.judge`."""
+    """:meth:`DashboardSource.judge` (the admin key's only)."""
+    require_admin(request, "the judge page")
     return await _json(request, _source(request).judge)
 
 
 @router.get("/api/memory")
 async def api_memory(request: Request) -> JSONResponse:
-    """:meth:`DashboardSource.memory`."""
+    """:meth:`DashboardSource.memory` (the admin key's only)."""
+    require_admin(request, "the memory page")
     return await _json(request, _source(request).memory)
 
 

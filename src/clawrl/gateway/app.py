@@ -67,6 +67,7 @@ def create_app(
     memory_admin: MemoryKeeper | None = None,
     user_from: Sequence[UserSource] = DEFAULT_USER_FROM,
     user_adapters: UserAdapters | None = None,
+    user_keys: dict[str, str] | None = None,
 ) -> FastAPI:
     """Build the gateway app over an engine, the policy's tokenizer and a store.
 
@@ -91,6 +92,8 @@ def create_app(
             (:mod:`clawrl.gateway.users`; ``server.user_from``).
         user_adapters: serve each user with their own adapter
             (:mod:`clawrl.gateway.user_adapters`; ``None``: every user gets the policy alone).
+        user_keys: users' API keys, key -> user id: a request with one is that user's and
+            sees only their data (:mod:`clawrl.gateway.auth`); ``api_key`` is then the admin's.
 
     Returns:
         The FastAPI app; ``app.state.gateway`` is its :class:`GatewayState`.
@@ -136,6 +139,7 @@ def create_app(
         ApiKeyMiddleware,
         api_key=api_key,
         on_reject=lambda: metrics.inc("clawrl_gateway_errors_total", kind="auth"),
+        user_keys=user_keys,
     )
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
     return app

@@ -5,6 +5,14 @@ With a key configured, every route but ``GET /healthz`` and ``/api/hello`` needs
 shape (Anthropic's under ``/v1/messages``). Keys are compared in constant time. A key is never
 stored or logged: turns record only :func:`key_fingerprint` of whatever key the client
 presented.
+
+Users' keys (``clawrl serve --user-keys FILE``, :func:`load_user_keys`): each key belongs to one
+user. A request with it is that user's (:func:`clawrl.gateway.users.resolve_user`; naming
+another user is a 403) and sees only that user's data: their sessions on the dashboard, feedback
+and session ends on their own turns only (another user's session answers 404, as an unknown
+one); what spans every user (the overview, training and judge pages, ``/metrics``, the shared
+memory) answers 403. The admin key (``--api-key``) sees everything. :func:`key_user` says whose
+key a request presented.
 """
 
 from __future__ import annotations
@@ -13,11 +21,14 @@ import base64
 import hashlib
 import hmac
 import ipaddress
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from clawrl.errors import ClientInputError, ConfigError
 from clawrl.gateway.errors import AuthError, client_shaped, status_and_body
 
 
@@ -70,6 +81,69 @@ def check_api_key(request: Request, expected: str | None, *, basic: bool = False
         raise AuthError("incorrect API key provided")
 
 
+def load_user_keys(path: str | Path, *, admin_key: str | None = None) -> dict[str, str]:
+    """Users' API keys from a file: one ``USER KEY`` per line (separated by white space; blank
+    lines and lines starting with ``#`` are skipped).
+
+    Returns:
+        key -> user id.
+
+    Raises:
+        ConfigError: the file cannot be read, a line is not ``USER KEY``, a user id a turn
+            could not record, a key given twice, or the admin key among them.
+    """
+    from clawrl.store.users import user_id_problem
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read the users' keys file {path}: {e}") from e
+    keys: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        parts = line.split()
+        where = f"{path}, line {number}"
+        if len(parts) != 2:
+            raise ConfigError(f"{where}: expected 'USER KEY' (two fields), got {len(parts)}")
+        user, key = parts
+        if (problem := user_id_problem(user)) is not None:
+            raise ConfigError(f"{where}: the user id {problem}")
+        if key in keys:
+            raise ConfigError(
+                f"{where}: this key is given to user {keys[key]!r} already (one user per key)"
+            )
+        if admin_key is not None and hmac.compare_digest(key.encode(), admin_key.encode()):
+            raise ConfigError(f"{where}: {user!r}'s key is the admin key (--api-key)")
+        keys[key] = user
+    if not keys:
+        raise ConfigError(f"{path} holds no 'USER KEY' line")
+    return keys
+
+
+def key_user(request: Request) -> str | None:
+    """Whose user key the request presented (``None``: the admin key, or no keys configured:
+    everything is visible)."""
+    value = request.scope.get("state", {}).get(KEY_USER)
+    return value if isinstance(value, str) else None
+
+
+def require_admin(request: Request, what: str) -> None:
+    """Refuse a request made with a user's key to ``what`` (data of every user).
+
+    Raises:
+        ClientInputError: (403, ``admin_only``) a user's key.
+    """
+    user = key_user(request)
+    if user is not None:
+        raise ClientInputError(f"{what} covers every user: this key is user {user!r}'s; use the "
+                               "admin key (--api-key)", status=403, code="admin_only")  # fmt: skip
+
+
+KEY_USER = "clawrl_key_user"
+"""Where :class:`ApiKeyMiddleware` leaves the user of a user's key (the request's ``state``)."""
+
+
 def is_loopback(host: str) -> bool:
     """Whether binding ``host`` exposes the server only to this machine.
 
@@ -92,25 +166,57 @@ class ApiKeyMiddleware:
 
     Args:
         app: the wrapped ASGI app.
-        api_key: the required key; ``None`` lets everything through.
+        api_key: the admin key; ``None`` (and no ``user_keys``) lets everything through.
         on_reject: optional ``callable()`` per rejected request (metrics).
+        user_keys: users' keys, key -> user id (:func:`load_user_keys`); a request with one
+            carries its user (:func:`key_user`).
     """
 
     OPEN_PATHS = frozenset({"/healthz", "/api/hello"})
 
-    def __init__(self, app: Any, api_key: str | None, on_reject: Any = None) -> None:
+    def __init__(
+        self,
+        app: Any,
+        api_key: str | None,
+        on_reject: Any = None,
+        user_keys: Mapping[str, str] | None = None,
+    ) -> None:
         self.app = app
         self.api_key = api_key
         self.on_reject = on_reject
+        self.user_keys = dict(user_keys or {})
+
+    def _user_of(self, request: Request, basic: bool) -> str | None:
+        """The user of the presented key (``None``: the admin key).
+
+        Raises:
+            AuthError: no key, or one that is neither the admin's nor a user's.
+        """
+        got = presented_key(request, basic=basic)
+        if got is not None:
+            found = None
+            for key, user in self.user_keys.items():  # every one compared: no early exit
+                if hmac.compare_digest(got.encode("utf-8"), key.encode("utf-8")):
+                    found = user
+            if found is not None:
+                return found
+        if self.api_key is None:
+            raise AuthError("missing API key: send 'Authorization: Bearer KEY' (or 'x-api-key: "
+                            "KEY')" if got is None else "incorrect API key provided")  # fmt: skip
+        check_api_key(request, self.api_key, basic=basic)
+        return None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or self.api_key is None or scope["path"] in self.OPEN_PATHS:
+        keyed = self.api_key is not None or bool(self.user_keys)
+        if scope["type"] != "http" or not keyed or scope["path"] in self.OPEN_PATHS:
             await self.app(scope, receive, send)
             return
         path = scope["path"]
         dashboard = path == "/dashboard" or path.startswith("/dashboard/")
         try:
-            check_api_key(Request(scope), self.api_key, basic=dashboard)
+            user = self._user_of(Request(scope), dashboard)
+            if user is not None:
+                scope.setdefault("state", {})[KEY_USER] = user
         except AuthError as e:
             if self.on_reject is not None:
                 self.on_reject()

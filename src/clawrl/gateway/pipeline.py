@@ -63,7 +63,7 @@ from clawrl.gateway.attribution import (
     retry_count,
     spawning_turn,
 )
-from clawrl.gateway.auth import key_fingerprint, presented_key
+from clawrl.gateway.auth import key_fingerprint, key_user, presented_key
 from clawrl.gateway.choices import StreamedChoice, complete_choice
 from clawrl.gateway.decode import visible_text
 from clawrl.gateway.disconnect import until_disconnected
@@ -312,6 +312,16 @@ async def start_call(gw: GatewayState, request: Request, req: CallRequest) -> Ca
         return prepared, spawn
 
     prepared, spawn = await anyio.to_thread.run_sync(blocking)
+    keyed = key_user(request)
+    if keyed is not None:  # a user's key acts in their own sessions only
+        others = await anyio.to_thread.run_sync(gw.store.session_user_ids, prepared.session_id)
+        if others - {keyed}:
+            raise ClientInputError(
+                "this call continues a session that holds another user's turns (named by the "
+                "client, or the history it sends): a user's key can only add to that user's own "
+                "sessions; start a new conversation (or name a session of your own)",
+                status=403, code="session_of_another_user",
+            )  # fmt: skip
     if prepared.spliced:
         gw.metrics.inc("clawrl_gateway_spliced_messages_total", len(prepared.spliced))
     client = client_facts(request, prepared, req.requested_model)
@@ -326,6 +336,7 @@ async def start_call(gw: GatewayState, request: Request, req: CallRequest) -> Ca
     ctx = CallContext(
         prepared=prepared, client=client, sampling=sampling, created_at=created,
         started=started, protocol=req.protocol, user_id=user_id,
+        adapter_trained=gw.user_adapters is not None and gw.user_adapters.trained,
     )  # fmt: skip
     params = seeded_params(
         req.params, prepared.sampling_seed, prepared.prompt_ids, prepared.sampling_attempt

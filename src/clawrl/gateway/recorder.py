@@ -15,8 +15,9 @@ An ``ok`` turn is still untrainable (with its reason) when it was an evaluation 
 sampled with top-k / top-p (``truncated_sampling``: its log-probs are of the truncated
 distribution, the trainer's and the OPD teacher's of the full one), or stopped inside an
 unclosed ``<think>`` (``unclosed_reasoning``: a tool call after it never reached the client), or
-was sampled with a user's own adapter (``user_adapter``: its log-probs are not the shared
-policy's; training per-user adapters is not built yet).
+was sampled with a user's own adapter while nothing trains users' adapters (``user_adapter``:
+its log-probs are not the shared policy's; with per-user training, ``CallContext.adapter_trained``,
+it is trainable: for that user's adapter only, :func:`clawrl.trainer.samples.decide`).
 
 Side calls (:attr:`PreparedCall.side_kind`) are recorded with kind ``side``, untrainable with
 reason ``side_call`` (data, never loss); messages left out
@@ -70,6 +71,8 @@ class CallContext:
         started: ``time.perf_counter()`` when the request arrived.
         protocol: the client API.
         user_id: whose request it is (:func:`clawrl.gateway.users.resolve_user`; ``""``: none).
+        adapter_trained: this server trains each user's adapter (``--per-user-adapters`` with
+            a method): a turn sampled with one stays trainable, for that user's learner.
     """
 
     prepared: PreparedCall
@@ -79,6 +82,7 @@ class CallContext:
     started: float = field(default_factory=time.perf_counter)
     protocol: ApiProtocol = ApiProtocol.OPENAI_CHAT
     user_id: str = ""
+    adapter_trained: bool = False
 
 
 @dataclass
@@ -176,7 +180,7 @@ def build_turn(ctx: CallContext, choice: ChoiceResult) -> TurnRecord:
         trainable, reason = False, UntrainableReason.EVAL.value
     elif truncated_sampling(choice.params):
         trainable, reason = False, UntrainableReason.TRUNCATED_SAMPLING.value
-    elif choice.adapter_version is not None:  # not the shared policy's log-probs
+    elif choice.adapter_version is not None and not ctx.adapter_trained:  # not the shared policy's
         trainable, reason = False, UntrainableReason.USER_ADAPTER.value
     elif (
         choice.parsed is not None

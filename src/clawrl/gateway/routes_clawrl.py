@@ -7,10 +7,11 @@
   ``/healthz``.
 * ``GET /metrics`` — Prometheus text (:mod:`clawrl.gateway.metrics`).
 * ``POST /v1/sessions/{id}/end`` — close a session: later calls are no longer linked to it by
-  prefix inference. 404 for an unknown session.
+  prefix inference. 404 for an unknown session (and, with a user's key, for a session without
+  a turn of that user: :mod:`clawrl.gateway.auth`).
 * ``POST /v1/feedback`` — ``{"turn_id" | "session_id", "reward": -1..1, "comment"?}``: a
   next-state signal for the judge and the trainer. 400 for a reward out of range or no id,
-  404 for an unknown turn or session. With ``clawrl serve --memory`` the comment's directive
+  404 for an unknown turn or session (a user's key: another user's too). With ``clawrl serve --memory`` the comment's directive
   goes into the memory before the answer (``"memory_changed"``: entries added or changed).
 """
 
@@ -24,6 +25,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from clawrl.errors import ClientInputError
+from clawrl.gateway.auth import key_user, require_admin
 from clawrl.gateway.state import GatewayState
 from clawrl.policy_version import version_fields
 from clawrl.store import FeedbackRecord, Store
@@ -59,14 +61,20 @@ async def hello() -> dict[str, str]:
 
 @router.get("/metrics")
 async def metrics(request: Request) -> PlainTextResponse:
-    """Prometheus text exposition (format 0.0.4)."""
+    """Prometheus text exposition (format 0.0.4); the admin key's only."""
+    require_admin(request, "/metrics")
     gw = _gw(request)
     gw.metrics.read_engine(gw.engine)
     return PlainTextResponse(gw.metrics.render(), media_type="text/plain; version=0.0.4")
 
 
-def _end_session(store: Store, session_id: str) -> float | None:
-    if store.get_session(session_id) is None:
+def _theirs(store: Store, session_id: str, user: str | None) -> bool:
+    """Whether ``user``'s key may act on the session (``None``: the admin, or no keys)."""
+    return user is None or user in store.session_user_ids(session_id)
+
+
+def _end_session(store: Store, session_id: str, user: str | None = None) -> float | None:
+    if store.get_session(session_id) is None or not _theirs(store, session_id, user):
         raise ClientInputError(
             f"session {session_id!r} does not exist",
             status=404,
@@ -86,7 +94,7 @@ async def end_session(session_id: str, request: Request) -> dict[str, Any]:
         ClientInputError: 404 for an unknown session.
     """
     gw = _gw(request)
-    ended_at = await anyio.to_thread.run_sync(_end_session, gw.store, session_id)
+    ended_at = await anyio.to_thread.run_sync(_end_session, gw.store, session_id, key_user(request))
     return {"id": session_id, "object": "session", "ended": True, "ended_at": ended_at}
 
 
@@ -101,12 +109,12 @@ class FeedbackRequest(BaseModel):
     comment: str | None = Field(None, max_length=20_000)
 
 
-def _add_feedback(store: Store, body: FeedbackRequest) -> FeedbackRecord:
+def _add_feedback(store: Store, body: FeedbackRequest, user: str | None = None) -> FeedbackRecord:
     if body.turn_id is None and body.session_id is None:
         raise ClientInputError("feedback needs a 'turn_id' or a 'session_id'", param="turn_id")
     if body.turn_id is not None:
         turn = store.get_turn(body.turn_id)
-        if turn is None:
+        if turn is None or (user is not None and turn.user_id != user):
             raise ClientInputError(
                 f"turn {body.turn_id!r} does not exist",
                 status=404,
@@ -118,7 +126,9 @@ def _add_feedback(store: Store, body: FeedbackRequest) -> FeedbackRecord:
                 f"turn {body.turn_id!r} is not in session {body.session_id!r}",
                 param="session_id",
             )
-    elif store.get_session(body.session_id or "") is None:
+    elif store.get_session(body.session_id or "") is None or not _theirs(
+        store, body.session_id or "", user
+    ):
         raise ClientInputError(
             f"session {body.session_id!r} does not exist",
             status=404,
@@ -138,7 +148,7 @@ async def feedback(body: FeedbackRequest, request: Request) -> dict[str, Any]:
         ClientInputError: 400 (no id, reward out of [-1, 1]), 404 (unknown turn or session).
     """
     gw = _gw(request)
-    fb = await anyio.to_thread.run_sync(_add_feedback, gw.store, body)
+    fb = await anyio.to_thread.run_sync(_add_feedback, gw.store, body, key_user(request))
     extra: dict[str, Any] = {}
     memory = gw.memory
     if memory is not None:  # the comment's directive reaches the next session at once

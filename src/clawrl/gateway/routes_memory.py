@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from clawrl.errors import ClientInputError
+from clawrl.gateway.auth import require_admin
 from clawrl.gateway.state import GatewayState
 from clawrl.memory import MemoryKeeper, entry_json
 from clawrl.store import MemoryEntryRecord, MemoryStatus
@@ -45,6 +46,7 @@ def _gw(request: Request) -> GatewayState:
 
 
 def _keeper(request: Request) -> MemoryKeeper:
+    require_admin(request, "the memory of the served policy")
     gw: GatewayState = request.app.state.gateway
     if gw.memory is not None:
         return gw.memory

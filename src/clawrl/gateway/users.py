@@ -27,7 +27,7 @@ from typing import Any
 from starlette.requests import Request
 
 from clawrl.config import UserSourceName
-from clawrl.gateway.auth import key_fingerprint, presented_key
+from clawrl.gateway.auth import key_fingerprint, key_user, presented_key
 from clawrl.gateway.errors import ClientInputError
 from clawrl.store.users import user_id_problem
 
@@ -84,10 +84,25 @@ def resolve_user(
         from_body: :func:`body_user` of the request body.
         user_from: where to look, in order (``server.user_from``).
 
+    A request made with a user's key (:func:`clawrl.gateway.auth.key_user`) is that user's,
+    whatever ``user_from`` says.
+
     Raises:
         ClientInputError: (400, ``invalid_user``) the first source that gives a value gives
-            one that cannot be a user id.
+            one that cannot be a user id; (403, ``user_mismatch``) a user's key with a header or
+            body naming another user.
     """
+    keyed = key_user(request)
+    if keyed is not None:
+        for where, value in ((USER_HEADER, request.headers.get(USER_HEADER)),
+                             from_body or (None, None)):  # fmt: skip
+            if isinstance(value, str) and value.strip() and value.strip() != keyed:
+                raise ClientInputError(
+                    f"{where} names user {value.strip()!r} but this API key is user {keyed!r}'s "
+                    "(a user's key acts for that user only)",
+                    status=403, param=where, code="user_mismatch",
+                )  # fmt: skip
+        return keyed
     for source in user_from:
         if source == "header":
             found: tuple[str, Any] | None = None

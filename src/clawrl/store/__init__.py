@@ -50,7 +50,7 @@ from clawrl.store.types import (
     UntrainableReason,
     new_id,
 )
-from clawrl.store.users import UserAdapterRecord, UserSummary
+from clawrl.store.users import ForgottenUser, UserAdapterRecord, UserSummary
 from clawrl.store.versions import FULL_WEIGHTS_FILE, PolicyVersionRecord, WeightsKind
 
 __all__ = [
@@ -59,6 +59,7 @@ __all__ = [
     "ApiProtocol",
     "DropReason",
     "FeedbackRecord",
+    "ForgottenUser",
     "GroupDecision",
     "JudgmentRecord",
     "MemoryEntryRecord",

@@ -146,6 +146,18 @@ class Database(Protocol):
         """
         ...
 
+    def compact(self, tables: Sequence[str]) -> bool:
+        """Rewrite the storage so that deleted rows leave no bytes behind (SQLite: ``VACUUM``
+        and a ``TRUNCATE`` checkpoint of the write-ahead log; PostgreSQL: ``VACUUM FULL`` of
+        ``tables``). Returns whether that is complete (``False``: another process still reads
+        an old snapshot of a SQLite file, so its log could not be emptied; run it again when
+        it has stopped).
+
+        Raises:
+            StoreError: the database is open read-only, or the command failed.
+        """
+        ...
+
     def close(self) -> None:
         """Close every connection (idempotent)."""
         ...

@@ -38,6 +38,8 @@ class DropReason(StrEnum):
     UNTRAINABLE = "untrainable"
     STALE = "stale"
     TEACHER_FAILED = "teacher_failed"
+    NO_USER = "no_user"
+    ADAPTER_REFUSED = "adapter_refused"
 
 
 DROP_EXPLANATIONS: dict[str, str] = {
@@ -48,6 +50,9 @@ DROP_EXPLANATIONS: dict[str, str] = {
     DropReason.NO_HINT: "OPD needs a hint and the judge found no directive in the reply",
     DropReason.STALE: "sampled by a policy too many versions behind",
     DropReason.TEACHER_FAILED: "scoring the hint-enhanced prompt failed",
+    DropReason.NO_USER: "per-user adapters train each user's own turns: the request named no user",
+    DropReason.ADAPTER_REFUSED: "the user's recorded adapter cannot be trained further (its "
+    "rank or layers do not fit trainer.lora_rank on all linear layers)",
 }
 """What each :class:`DropReason` means, in words (the demo report, the dashboard)."""
 

@@ -207,6 +207,22 @@ class PostgresDatabase:
             except psycopg.Error as exc:
                 raise StoreError(f"store write failed: {exc}".strip()) from exc
 
+    def compact(self, tables: Sequence[str]) -> bool:
+        """``VACUUM FULL`` of ``tables`` (each rewritten without dead rows):
+        :meth:`clawrl.store.db.Database.compact`."""
+        import psycopg
+        from psycopg import sql
+
+        if self.read_only:
+            raise StoreError(f"the store {self.target} is open read-only")
+        with self._connection() as raw:
+            for table in tables:
+                try:
+                    raw.execute(sql.SQL("VACUUM FULL {}").format(sql.Identifier(table)))
+                except psycopg.Error as exc:
+                    raise StoreError(f"cannot compact {table}: {exc}".strip()) from exc
+        return True
+
     def close(self) -> None:
         """Close the pool (idempotent)."""
         if not self._closed:

@@ -210,6 +210,20 @@ class SQLiteDatabase:
         except sqlite3.Error as exc:
             raise StoreError(f"store read failed: {exc}") from exc
 
+    def compact(self, tables: Sequence[str]) -> bool:
+        """``VACUUM`` (the file rebuilt without free pages) and ``wal_checkpoint(TRUNCATE)``
+        (the log emptied): :meth:`clawrl.store.db.Database.compact`."""
+        if self.read_only:
+            raise StoreError(f"the store {self.path} is open read-only")
+        raw = self.conn().raw
+        with self._write_lock:
+            try:
+                raw.execute("VACUUM")
+                busy, log_frames, done = raw.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            except sqlite3.Error as exc:
+                raise StoreError(f"cannot compact {self.path}: {exc}") from exc
+        return not busy and log_frames in (0, done)
+
     def close(self) -> None:
         """Close every connection this database opened (idempotent)."""
         with self._conns_lock:

@@ -10,19 +10,24 @@ A user id comes from the request (:mod:`clawrl.gateway.users` resolves it: a hea
 end-user field or the API key, in the order ``server.user_from`` gives); ``""`` is no user,
 the served policy's, as in :class:`clawrl.store.memory.MemoryEntryRecord`. This module checks
 ids and answers per-user questions (``clawrl users list``, the dashboard's filter); it trains
-nothing.
+nothing. :meth:`UserQueries.forget_user` removes everything the store holds of one user
+(``clawrl users forget``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import time
 import unicodedata
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from clawrl.errors import StoreError
-from clawrl.store.db import Conn, StoreConflict
+from clawrl.store.chains import CHAIN_COLUMNS, PromptChains
+from clawrl.store.db import Conn, Database, StoreConflict
 
 USERS_SCHEMA_VERSION = 8
 """The store schema that records each turn's user (``turns.user_id``; migration 8)."""
@@ -100,8 +105,55 @@ def _adapter(r: Any) -> UserAdapterRecord:
     )  # fmt: skip
 
 
+@dataclass(frozen=True)
+class ForgottenUser:
+    """What :meth:`UserQueries.forget_user` removed.
+
+    Attributes:
+        user_id: the user.
+        turns: their turns deleted (with their judgments, samples and feedback).
+        sessions: sessions deleted (no other user's turn was left in them).
+        memory_entries: memory entries deleted (theirs, or taken from one of their turns).
+        adapter_dirs: the weights directories their adapter versions named (the caller
+            deletes them from disk).
+        rewritten: other users' turns that were stored as deltas of one of theirs, now stored
+            whole (their own prompts are theirs and stay).
+        trained_shared: their turns a shared-policy step had trained (the shared weights keep
+            what those steps learned): the step's version and step number are a
+            ``policy_versions`` row's and not one of their ``user_adapters`` rows'.
+        trained_either: their trained turns whose version and step match both (a shared step
+            and a step of their own adapter numbered alike: which one trained it is unknown).
+        compacted: the storage holds no bytes of the deleted rows any more (``False``: another
+            process still reads an old SQLite snapshot; stop it and compact again).
+    """
+
+    user_id: str
+    turns: int
+    sessions: int
+    memory_entries: int
+    adapter_dirs: list[str]
+    rewritten: int
+    trained_shared: int
+    compacted: bool
+    trained_either: int = 0
+
+
+_FORGET_TABLES = ("turns", "judgments", "samples", "feedback", "sessions", "memory_entries",
+                  "memory_sources", "user_adapters")  # fmt: skip
+
+
+def _chunks(ids: Sequence[str], size: int = 500) -> list[Sequence[str]]:
+    return [ids[i : i + size] for i in range(0, len(ids), size)]
+
+
+def _marks(ids: Sequence[str]) -> str:
+    return ", ".join("?" for _ in ids)
+
+
 class _HasUsers(Protocol):
     schema_version: int
+    _chains: PromptChains
+    _db: Database
 
     def _read(self) -> AbstractContextManager[Conn]: ...
     def _write(self) -> AbstractContextManager[Conn]: ...
@@ -176,6 +228,59 @@ class UserQueries:
             ).fetchall()
         return [_adapter(r) for r in rows]
 
+    def trained_user_adapter_versions(self: _HasUsers) -> int:
+        """How many users' adapter versions a training step made (every user's, summed; the
+        online learner's step count after a restart)."""
+        if self.schema_version < USERS_SCHEMA_VERSION:
+            return 0
+        with self._read() as conn:
+            row = conn.execute(
+                "SELECT COUNT(*) FROM user_adapters WHERE step IS NOT NULL"
+            ).fetchone()
+        return int(row[0] or 0)
+
+    def session_user_ids(self: _HasUsers, session_id: str) -> set[str]:
+        """The users whose turns ``session_id`` holds (``""`` for turns without a user)."""
+        if self.schema_version < USERS_SCHEMA_VERSION:
+            return {""}
+        with self._read() as conn:
+            rows = conn.execute(
+                "SELECT DISTINCT user_id FROM turns WHERE session_id = ?", (session_id,)
+            ).fetchall()
+        return {r[0] for r in rows}
+
+    def forget_user(self: _HasUsers, user_id: str) -> ForgottenUser:
+        """Remove everything the store holds of ``user_id``, then compact the storage so that
+        no byte of it stays in the files (``clawrl users forget``): their turns with those
+        turns' judgments, samples and feedback; every judgment and feedback of a session they
+        spoke in (a next state may be their message); sessions left without a turn; memory
+        entries that are theirs, came from one of their turns, or took in one of their
+        directives (their history names their turn or feedback), and the memory's claims on
+        their hints and feedback; their adapter versions. Another user's turn stored as a delta
+        of one of theirs (:mod:`clawrl.store.chains`) is first stored whole (a turn that
+        continued their conversation holds their words in its own prompt: it stays, as that
+        user's request). One transaction: all or nothing. Compacting rewrites the whole store
+        (SQLite ``VACUUM`` holds the write lock meanwhile; PostgreSQL ``VACUUM FULL`` locks each
+        table): run it when the servers on this store are idle. PostgreSQL's write-ahead log
+        and archives are the server's: they keep what they kept.
+
+        Returns:
+            What was removed (:class:`ForgottenUser`; the adapter directories are for the
+            caller to delete).
+
+        Raises:
+            StoreError: ``""`` (requests that named no user are not a user), an id a turn
+                could not hold, or a store before users (schema version < 8).
+        """
+        _require_users(self)
+        problem = user_id_problem(user_id)
+        if problem is not None or not user_id:
+            raise StoreError(f"user id {user_id!r} {problem or 'is empty: no user to forget'}")
+        with self._write() as conn:
+            out = _forget(conn, self._chains, user_id)
+        compacted = self._db.compact(_FORGET_TABLES)
+        return dataclasses.replace(out, compacted=compacted)
+
     def users(self: _HasUsers) -> list[UserSummary]:
         """Every user with a recorded turn, most recently seen first (``""`` included when
         some requests named no user).
@@ -220,6 +325,94 @@ class UserQueries:
             for u, a in sorted(adapters.items())
             if u not in {r["user_id"] for r in rows}
         ]  # fmt: skip
+
+
+def _forget(conn: Conn, chains: PromptChains, user_id: str) -> ForgottenUser:
+    """The deletes of :meth:`UserQueries.forget_user`, in one transaction (``compacted``
+    unset)."""
+    turn_ids = [r[0] for r in conn.execute("SELECT id FROM turns WHERE user_id = ?", (user_id,))]
+    sessions = sorted({r[0] for r in conn.execute(
+        "SELECT DISTINCT session_id FROM turns WHERE user_id = ?", (user_id,))})  # fmt: skip
+    rewritten = trained_shared = trained_either = 0
+    for part in _chunks(turn_ids):
+        # another user's turn stored as a delta of one of these: store it whole first
+        dependents = conn.execute(
+            f"SELECT {CHAIN_COLUMNS} FROM turns WHERE prefix_turn_id IN ({_marks(part)}) "
+            "AND user_id != ?", (*part, user_id),
+        ).fetchall()  # fmt: skip
+        full = chains.resolve(conn, dependents) if dependents else {}
+        for tid, turn in full.items():
+            conn.execute(
+                "UPDATE turns SET prompt_ids = ?, request_messages = ?, prefix_turn_id = NULL, "
+                "prefix_len = 0, messages_prefix_len = 0 WHERE id = ?",
+                (turn.prompt, json.dumps(list(turn.messages), ensure_ascii=False,
+                                         separators=(",", ":")), tid),
+            )  # fmt: skip
+        rewritten += len(full)
+        for (shared, own) in conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM policy_versions p WHERE p.version = s.policy_version "
+            "AND p.step = s.step), EXISTS (SELECT 1 FROM user_adapters a WHERE a.user_id = "
+            "t.user_id AND a.version = s.policy_version AND a.step = s.step) FROM samples s "
+            f"JOIN turns t ON t.id = s.turn_id WHERE s.turn_id IN ({_marks(part)}) "
+            "AND s.status = 'trained'", tuple(part),
+        ):  # fmt: skip
+            trained_shared += int(bool(shared) and not own)
+            trained_either += int(bool(shared) and bool(own))
+    # what else holds their words: every judgment and feedback of a session they spoke in
+    # (a next state may be their message), memory entries whose history names one of their
+    # turns or feedback (a directive of theirs merged into another entry), the memory's claims
+    # on their hints and feedback
+    feedback_ids = [r[0] for part in _chunks(sessions) for r in conn.execute(
+        f"SELECT id FROM feedback WHERE session_id IN ({_marks(part)})", tuple(part))]  # fmt: skip
+    for part in _chunks(turn_ids):
+        feedback_ids += [r[0] for r in conn.execute(
+            f"SELECT id FROM feedback WHERE turn_id IN ({_marks(part)})", tuple(part))]  # fmt: skip
+    marks = set(turn_ids) | set(feedback_ids)
+    merged = [r[0] for r in conn.execute("SELECT id, history FROM memory_entries").fetchall()
+              if any(m in (r[1] or "") for m in marks)]  # fmt: skip
+    sources = [f"hint:{t}" for t in turn_ids] + [f"feedback:{f}" for f in feedback_ids]
+    merged_entries = 0
+    for part in _chunks(merged):
+        merged_entries += conn.execute(
+            f"DELETE FROM memory_entries WHERE id IN ({_marks(part)})", tuple(part)
+        ).rowcount
+    for part in _chunks(sources):
+        conn.execute(f"DELETE FROM memory_sources WHERE id IN ({_marks(part)})", tuple(part))
+    for part in _chunks(sessions):
+        for table in ("judgments", "feedback"):
+            conn.execute(f"DELETE FROM {table} WHERE session_id IN ({_marks(part)})", tuple(part))
+    entries = merged_entries
+    for part in _chunks(turn_ids):
+        for table in ("judgments", "samples", "feedback"):
+            conn.execute(f"DELETE FROM {table} WHERE turn_id IN ({_marks(part)})", tuple(part))
+        entries += conn.execute(
+            f"DELETE FROM memory_entries WHERE source_turn_id IN ({_marks(part)})", tuple(part)
+        ).rowcount
+    entries += conn.execute("DELETE FROM memory_entries WHERE user_id = ?", (user_id,)).rowcount
+    conn.execute("DELETE FROM memory_sources WHERE user_id = ?", (user_id,))
+    conn.execute("DELETE FROM turns WHERE user_id = ?", (user_id,))
+    emptied = [
+        sid for part in _chunks(sessions)
+        for (sid,) in conn.execute(
+            f"SELECT id FROM sessions s WHERE id IN ({_marks(part)}) AND NOT EXISTS "
+            "(SELECT 1 FROM turns t WHERE t.session_id = s.id) AND NOT EXISTS "
+            "(SELECT 1 FROM rollouts r WHERE r.id = s.id)", tuple(part),
+        )
+    ]  # fmt: skip
+    for part in _chunks(emptied):
+        for table, column in (("feedback", "session_id"), ("judgments", "session_id"),
+                              ("memory_entries", "source_session_id"), ("sessions", "id")):  # fmt: skip
+            n = conn.execute(
+                f"DELETE FROM {table} WHERE {column} IN ({_marks(part)})", tuple(part)
+            ).rowcount
+            if table == "memory_entries":
+                entries += n
+    dirs = [r[0] for r in conn.execute(
+        "SELECT weights FROM user_adapters WHERE user_id = ? ORDER BY version", (user_id,))]  # fmt: skip
+    conn.execute("DELETE FROM user_adapters WHERE user_id = ?", (user_id,))
+    chains.forget(turn_ids)
+    return ForgottenUser(user_id, len(turn_ids), len(emptied), entries, dirs, rewritten,
+                         trained_shared, compacted=False, trained_either=trained_either)  # fmt: skip
 
 
 def _require_users(store: _HasUsers) -> None:

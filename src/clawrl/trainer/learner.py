@@ -31,6 +31,12 @@ evicts or chooses anything) or by a retry of :meth:`Learner.step` with the same 
 writes not done yet are done then, none twice, and no second optimizer step is taken; a step
 with other turn ids is refused until then.
 
+One user's adapter (``clawrl serve --per-user-adapters``, :mod:`clawrl.trainer.users`) is
+trained by a learner built with ``user``: its versions are numbered and recorded in the store's
+``user_adapters`` table (that user's rows) instead of ``policy_versions``, and no engine is told:
+the gateway loads a user's newest version on their next request
+(:mod:`clawrl.gateway.user_adapters`), on every replica alike.
+
 With several ranks (FSDP2), every rank calls :meth:`step` (steps 1, 3 and 4 are collective) and
 only the writer (rank 0) touches the store, the engines and the metrics.
 """
@@ -43,12 +49,13 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from clawrl.config import TrainedMethod
 from clawrl.engine import Engine
 from clawrl.errors import ConfigError, TrainerError
-from clawrl.store import PolicyVersionRecord, Store
+from clawrl.store import PolicyVersionRecord, Store, UserAdapterRecord
 from clawrl.trainer.metrics import MetricsWriter
 from clawrl.trainer.samples import published, record_checkpoint_samples, trained_records
 from clawrl.trainer.trainer import Trainer
@@ -103,6 +110,8 @@ class Learner:
         check_store: whether :meth:`next_version` reads the store before each step's collective
             save (``False`` on torchrun ranks, where rank 0 raising there would leave the others
             waiting in the collective; the trainer lease keeps a second trainer off the store).
+        user: the user whose own adapter ``trainer`` trains (module docstring); ``None``: the
+            shared policy.
 
     Raises:
         ConfigError: ``trainer.config.checkpoint_every`` is not 1, or a writer has no store.
@@ -119,6 +128,7 @@ class Learner:
         guard: Callable[[], None] | None = None,
         on_publish: Callable[[PolicyVersionRecord], None] | None = None,
         check_store: bool = True,
+        user: str | None = None,
     ) -> None:
         if trainer.config.checkpoint_every != 1:
             raise ConfigError(
@@ -137,6 +147,7 @@ class Learner:
         self.guard = guard if guard is not None else (lambda: None)
         self.on_publish = on_publish
         self.check_store = check_store
+        self.user = user
         self._pending: _Commit | None = None
 
     @property
@@ -147,8 +158,12 @@ class Learner:
     # ---------------------------------------------------------------- versions
 
     def stored_version(self) -> int:
-        """The newest version in the store's ``policy_versions`` (0 before the first)."""
+        """The newest version in the store's ``policy_versions`` (0 before the first); for a
+        user's learner, the newest of their ``user_adapters``."""
         assert self.store is not None
+        if self.user is not None:
+            mine = self.store.user_adapter_versions(self.user)
+            return mine[-1].version if mine else 0
         latest = self.store.latest_policy_version()
         return latest.version if latest is not None else 0
 
@@ -199,7 +214,9 @@ class Learner:
             TrainerError: a checkpoint that does not fit the model.
         """
         meta = self.restore()
-        behind = any(e.policy_version < self.trainer.policy_version for e in self.engines)
+        behind = self.user is None and any(
+            e.policy_version < self.trainer.policy_version for e in self.engines
+        )
         if self.reconcile(meta) or (meta is not None and behind):
             self.republish()
         return meta
@@ -218,7 +235,8 @@ class Learner:
         """
         stored = self.stored_version()
         if meta is None:
-            if stored > 0:
+            # a user's versions recorded by hand: the trainer starts from the newest one
+            if stored > (0 if self.user is None else self.trainer.policy_version):
                 raise ConfigError(
                     f"the store has policy versions up to v{stored}, published by another "
                     f"trainer, and {self.trainer.output_dir} has no checkpoint: resume with "
@@ -396,6 +414,13 @@ class Learner:
         """Record ``version`` in ``policy_versions`` (every gateway replica loads it there)."""
         assert self.store is not None
         self.guard()
+        if self.user is not None:
+            self.store.publish_user_adapter(
+                UserAdapterRecord(
+                    self.user, version, str(Path(weights).resolve()), step=self.trainer.step
+                )
+            )
+            return
         record = published(
             version, weights, self.trainer.step, full=self.trainer.config.full_finetune
         )

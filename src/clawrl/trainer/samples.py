@@ -227,6 +227,7 @@ def decide(
     lag: int,
     max_staleness: int,
     distilled: bool = False,
+    own_adapter: bool = False,
 ) -> DropReason | None:
     """Why this judged turn is not a sample (``None``: it is one); see the module docstring.
 
@@ -235,8 +236,13 @@ def decide(
         max_staleness: the most versions a sample may lag.
         distilled: the turn is distilled out of its memory block (:func:`distillation`): the
             memory is a teacher, as a hint is, for a method that uses one.
+        own_adapter: the learner trains the turn's user's own adapter (a turn sampled with
+            that adapter is on its policy); otherwise such a turn is untrainable (its
+            log-probs are not the shared policy's).
     """
     if turn.status != TurnStatus.OK or not turn.trainable or not turn.completion_ids:
+        return DropReason.UNTRAINABLE
+    if turn.adapter_version is not None and not own_adapter:
         return DropReason.UNTRAINABLE
     if lag > max_staleness:
         return DropReason.STALE
@@ -306,8 +312,11 @@ def trained_records(turn_ids: list[str], step: int, version: int) -> list[Sample
 
 def record_checkpoint_samples(store: Store, meta: dict[str, Any]) -> int:
     """Re-record the turns a checkpoint trained whose ``samples`` rows a crash left out;
-    returns how many (exactly once: the meta's ``turn_ids`` were written before the rows)."""
-    missing = [t for t in meta.get("turn_ids", []) if store.get_sample(t) is None]
+    returns how many (exactly once: the meta's ``turn_ids`` were written before the rows).
+    Turns no longer in the store (a user forgotten since, ``clawrl users forget``) are
+    skipped."""
+    missing = [t for t in meta.get("turn_ids", [])
+               if store.get_sample(t) is None and store.get_turn(t) is not None]  # fmt: skip
     if missing:
         store.record_samples(
             trained_records(missing, int(meta["step"]), int(meta["policy_version"]))

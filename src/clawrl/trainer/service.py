@@ -72,6 +72,9 @@ class OnlineService:
         metrics: the step metrics' sinks (default: JSONL and TensorBoard in ``output_dir``).
         memory: the preference memory to distil into the weights (``memory.distill``; the
             learner's ``memory``, :class:`clawrl.trainer.online.OnlineLearner`).
+        per_user: train each user's own adapter instead of the shared policy
+            (``server.per_user_adapters``; the learner's ``per_user``), at most ``max_users``
+            of them in memory.
     """
 
     def __init__(
@@ -86,6 +89,8 @@ class OnlineService:
         schedule: Literal["async", "fixed"] = "async",
         metrics: MetricsWriter | None = None,
         memory: MemoryKeeper | None = None,
+        per_user: bool = False,
+        max_users: int = 8,
     ) -> None:
         self.output_dir = Path(config.output_dir)
         self.engine = engine
@@ -98,7 +103,8 @@ class OnlineService:
         )  # fmt: skip
         self.metrics = metrics if metrics is not None else MetricsWriter(self.output_dir)
         self.learner = OnlineLearner(store, engine, policy.tokenizer, self.trainer, self.metrics,
-                                     memory=memory)  # fmt: skip
+                                     memory=memory, per_user=per_user,
+                                     max_users=max_users)  # fmt: skip
         # the judge keeps its own deadline; the worker's is a guard for judges that do not
         self.worker = JudgeWorker(store, judge, timeout_s=judge_timeout_s + 30.0)
         self.schedule = schedule
@@ -215,8 +221,13 @@ class OnlineService:
                          f"{m.get('distill/gap', 0.0):.3f}")  # fmt: skip
             if m.get("memory/retired"):
                 distilled += f" retired {int(m['memory/retired'])}"
+        user = self.learner.state.last_user
+        version = (
+            f"policy v{int(m['policy/version'])}" if user is None
+            else f"user {user} adapter v{int(m['policy/version'])}"
+        )  # fmt: skip
         return (
-            f"step {int(m['step'])}: policy v{int(m['policy/version'])} | "
+            f"step {int(m['step'])}: {version} | "
             f"loss {m.get('loss', 0.0):+.4f} | reward {m.get('reward/mean', 0.0):+.2f} | "
             f"hint rate {m.get('hint/rate', 0.0):.2f} | clip {m.get('clip/high_frac', 0.0):.3f}"
             f"/{m.get('clip/low_frac', 0.0):.3f} | kl {m.get('kl/ref', 0.0):.4f}{distilled} | "

@@ -161,6 +161,26 @@ class Trainer:
         self.step = 0
         self.policy_version = policy_version
 
+    def fork(self, output_dir: str | Path) -> Trainer:
+        """A trainer over this one's model (no copy: the same parameters, reference and
+        devices) with its own optimizer, warm-up schedule, step, version (0) and output
+        directory: one user's adapter (:class:`clawrl.trainer.users.UserTrainers` swaps each
+        user's weights into the shared parameters before their step).
+
+        Raises:
+            ConfigError: full fine-tuning (a fork would share every weight).
+        """
+        if self.config.full_finetune:
+            raise ConfigError("only a LoRA trainer can be forked (full fine-tuning shares "
+                              "every weight)")  # fmt: skip
+        other = copy.copy(self)
+        other.output_dir = Path(output_dir)
+        other.output_dir.mkdir(parents=True, exist_ok=True)
+        other.step = 0
+        other.policy_version = 0
+        other.reset_optimizer()
+        return other
+
     def reset_optimizer(self) -> None:
         """A fresh AdamW (no moments) and warm-up schedule over the trainable parameters, the
         weights kept: what a new phase of training starts with (after a supervised warm start,
