@@ -109,7 +109,13 @@ def _vllm(request: pytest.FixtureRequest) -> Iterator[Case]:
         trained_adapter(policy.model, root / f"v{version}", version, scale=0.01)
         return str(root / f"v{version}")
 
-    yield Case(engine, policy.tokenizer, weights, batch_invariant=False)
+    def adapter(seed: int) -> str:
+        path = root / f"adapter-{seed}"
+        if not path.exists():
+            trained_adapter(policy.model, path, seed, rank=4, scale=0.05)
+        return str(path)
+
+    yield Case(engine, policy.tokenizer, weights, batch_invariant=False, adapter=adapter)
     engine.close()
 
 

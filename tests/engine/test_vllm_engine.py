@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import hashlib
 import time
 
 import httpx
@@ -19,7 +20,7 @@ import torch
 from clawrl.config import TrainerConfig
 from clawrl.engine import SamplingParams
 from clawrl.engine.vllm import VLLMEngine, protocol
-from clawrl.errors import EngineUnavailableError
+from clawrl.errors import EngineError, EngineUnavailableError
 from clawrl.trainer import Trainer, TrainSample, collate, token_logprobs
 
 from .conftest import trained_adapter
@@ -223,6 +224,67 @@ def test_requests_in_flight_keep_their_version_and_old_adapters_go(
         ]
     finally:
         engine.close()
+
+
+def test_each_users_adapter_serves_their_requests_and_leaves_the_others_bit_identical(
+    vllm_server, embedded_policy, tmp_path
+):
+    """Per-user adapters on vLLM (issue 40): a request naming a user is sampled from that user's
+    adapter (the PEFT model's log-probs); a new version of alice's adapter leaves bob's and the
+    base's served tokens and log-probs bit-identical (same prompt, same seed); a stream started
+    on alice's v1 keeps it; v1 is unloaded once idle; an unloaded user is refused."""
+    tok = embedded_policy.tokenizer
+    engine = VLLMEngine([vllm_server.url], tok)
+    prompt = _prompt(tok)
+    peft = {s: _trained_adapter(embedded_policy, tmp_path / f"a{s}", seed=s) for s in (1, 2, 3)}
+
+    def gen(adapter=None):
+        params = SamplingParams(max_tokens=12, temperature=1.0, seed=5, ignore_eos=True,
+                                adapter=adapter)  # fmt: skip
+        return asyncio.run(engine.generate(prompt, params))
+
+    try:
+        assert engine.load_adapter("alice", 1, tmp_path / "a1").result(timeout=120) == 1
+        assert engine.load_adapter("bob", 1, tmp_path / "a2").result(timeout=120) == 1
+        alice, bob, plain = gen("alice"), gen("bob"), gen()
+        assert (alice.adapter_version, bob.adapter_version, plain.adapter_version) == (1, 1, None)
+        events = [type("E", (), {"token_id": t, "logprob": lp})()
+                  for t, lp in zip(alice.token_ids, alice.logprobs, strict=True)]  # fmt: skip
+        assert float(_served_logprobs_of(peft[1], prompt, events)) < SERVED_LOGPROB_TOLERANCE
+        assert float(_served_logprobs_of(peft[2], prompt, events)) > 1e-2
+
+        async def during_new_version():
+            params = SamplingParams(max_tokens=30, ignore_eos=True, adapter="alice")
+            stream = engine.generate_stream(prompt, params)
+            first = await stream.__anext__()
+            await asyncio.wrap_future(engine.load_adapter("alice", 2, tmp_path / "a3"))
+            return [first, *[ev async for ev in stream]]
+
+        kept = asyncio.run(during_new_version())
+        assert {e.adapter_version for e in kept} == {1}  # a stream keeps its version
+        assert gen("alice").adapter_version == 2 and gen("alice").logprobs != alice.logprobs
+        bob_after, plain_after = gen("bob"), gen()
+        assert (bob_after.token_ids, bob_after.logprobs) == (bob.token_ids, bob.logprobs)
+        assert (plain_after.token_ids, plain_after.logprobs) == (plain.token_ids, plain.logprobs)
+        deadline = time.monotonic() + 10
+        digest = hashlib.sha256(b"alice").hexdigest()[:12]
+        while f"clawrl-{engine._run}-u{digest}-v1" in _adapters(vllm_server, engine):
+            assert time.monotonic() < deadline, "alice's v1 was not unloaded once idle"
+            time.sleep(0.1)
+        with pytest.raises(ValueError, match="increase"):
+            engine.load_adapter("alice", 2, tmp_path / "a3").result(timeout=60)
+        assert engine.unload_adapter("alice").result(timeout=60) is None
+        with pytest.raises(EngineError, match="alice"):
+            gen("alice")
+        # a LoRA policy version: a user's adapter would replace it, so it is refused
+        assert engine.load_policy(1, tmp_path / "a1").result(timeout=120) == 1
+        with pytest.raises(EngineError, match="LoRA"):
+            gen("bob")
+        with pytest.raises(ValueError, match="LoRA"):
+            engine.load_adapter("carol", 1, tmp_path / "a2").result(timeout=60)
+    finally:
+        engine.close()
+    assert _adapters(vllm_server, engine) == []
 
 
 def test_full_weights_reload_without_aborting(vllm_server, embedded_policy, tmp_path):

@@ -125,7 +125,7 @@ def test_a_replica_that_lost_its_adapter_is_resynced(fake_vllm, tmp_path):
     assert engine.load_policy(1, _adapter(tmp_path, "v1")).result(10) == 1
     name = next(iter(server.adapters))
     server.adapters.clear()  # the server restarted between two health checks
-    with pytest.raises(EngineUnavailableError, match="lost policy adapter"):
+    with pytest.raises(EngineUnavailableError, match="lost adapter"):
         _gen(engine)
     assert _wait(lambda: engine.replicas[0].healthy)  # the health loop loaded it again
     assert name in server.adapters and _gen(engine).policy_version == 1

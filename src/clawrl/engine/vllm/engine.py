@@ -17,6 +17,17 @@ every replica reloads, then the waiting requests go on the new version; nothing 
 replica that fails to take a version is taken out until it has it. Every completion records the
 version that produced it.
 
+**Per-user adapters.** :meth:`VLLMEngine.load_adapter` loads a user's adapter version into
+every healthy replica under a name of its own (``clawrl-<run>-u<digest>-v<N>``); a request
+naming the user (``SamplingParams.adapter``) is sent to that adapter, keeps the version it
+started with, and an older version is unloaded once no request uses it; a replica taken back
+gets each user's newest version again. vLLM holds at most ``--max-loras`` adapters in a batch
+and ``--max-cpu-loras`` in memory, reading the least recently used back from disk
+(:class:`clawrl.engine.vllm.VLLMServer` sets both). A request names one adapter, so a user's
+adapter is served on the base (or full fine-tuned) weights: while the policy is itself a LoRA
+version, requests naming a user's adapter are refused (``EngineError``) and so is a new user
+version (``ValueError``).
+
 **Replicas.** Requests go to the healthy replica, synced to the current version, with the
 fewest requests in flight. A replica that refuses connections, fails its health check, or fails
 three requests in a row (5xx, timeouts) is taken out: its requests end with
@@ -52,6 +63,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
+import hashlib
 import json
 import logging
 import shutil
@@ -130,12 +142,15 @@ class _Version:
     weights: Path | None = None  # full weights directory (served under the base name)
     written: bool = False  # ``weights`` was written by this engine (deleted when superseded)
     inflight: int = 0
+    user_version: int | None = None  # a user's adapter: its version (``None``: a policy version)
 
 
-_NO_ADAPTERS = (
-    "per-request (per-user) adapters are not served on vLLM yet: serve with the in-process "
-    "engine (engine.backend = 'transformers'), or leave SamplingParams.adapter unset"
-)
+def _lora_policy(version: int) -> str:
+    return (
+        f"policy v{version} is a LoRA adapter on vLLM and a request names one adapter: a user's "
+        "adapter is served on the base (or full fine-tuned) weights only (the in-process engine "
+        "stacks both)"
+    )
 
 
 class VLLMEngine:
@@ -210,6 +225,9 @@ class VLLMEngine:
         self._publishes: set[concurrent.futures.Future[int]] = set()
         self._emitters: set[Emit] = set()
         self._base_adapter: Path | None = None  # the zero adapter serving the base weights
+        self._users: dict[str, dict[int, _Version]] = {}  # user adapter -> version -> info
+        self._user_latest: dict[str, int] = {}  # what new requests naming the user get
+        self._user_max: dict[str, int] = {}  # each name's versions only increase
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="clawrl-vllm",
                                         daemon=True)  # fmt: skip
@@ -375,6 +393,10 @@ class VLLMEngine:
             if self._base_adapter is not None:
                 await self._load_adapter(replica, self._base_served, self._base_adapter,
                                          replace=True)  # fmt: skip
+            for user, latest in list(self._user_latest.items()):  # users' adapters too
+                info = self._users[user][latest]
+                assert info.adapter is not None
+                await self._load_adapter(replica, info.name, info.adapter, replace=True)
             if current.adapter is not None:
                 await self._load_adapter(replica, current.name, current.adapter, replace=True)
             elif current.weights is not None:
@@ -460,17 +482,87 @@ class VLLMEngine:
     def load_adapter(
         self, name: str, version: int, adapter_dir: str | Path
     ) -> concurrent.futures.Future[int]:
-        """Not served on vLLM yet: the future fails with :class:`EngineError` saying so
-        (per-request adapters run on the in-process engine; see
-        :meth:`clawrl.engine.Engine.load_adapter`)."""
+        """Serve requests naming ``name`` with the PEFT LoRA adapter at ``adapter_dir`` as its
+        ``version`` (module docstring, per-user adapters; :meth:`clawrl.engine.Engine.
+        load_adapter`). The future resolves with ``version`` once every healthy replica has it,
+        or fails: ``ValueError`` for a version that does not increase, a directory that is not
+        a LoRA adapter vLLM takes (e.g. a rank above ``--max-lora-rank``), or a policy that is
+        a LoRA version; :class:`EngineError` when no replica took it."""
         fut: concurrent.futures.Future[int] = concurrent.futures.Future()
-        fut.set_exception(EngineError(_NO_ADAPTERS))
+        with self._lock:
+            if self._closed:
+                fut.set_exception(EngineClosedError("engine is closed"))
+                return fut
+            if not isinstance(name, str) or not name:
+                fut.set_exception(ValueError("an adapter needs a non-empty name"))
+                return fut
+            current = self._user_max.get(name)
+            if current is not None and version <= current:
+                fut.set_exception(ValueError(
+                    f"adapter {name!r}: versions only increase ({version} <= {current})"))  # fmt: skip
+                return fut
+            self._user_max[name] = int(version)
+            self._publishes.add(fut)
+        fut.add_done_callback(self._publishes.discard)
+        path = Path(adapter_dir).resolve()
+        asyncio.run_coroutine_threadsafe(self._settle_with(fut, self._load_user(name, int(version), path)),
+                                         self._loop)  # fmt: skip
         return fut
 
+    async def _settle_with(
+        self, fut: concurrent.futures.Future[Any], coro: Coroutine[Any, Any, Any]
+    ) -> None:
+        try:
+            result = await coro
+        except BaseException as e:
+            _settle(fut, error=e if isinstance(e, Exception) else EngineClosedError(str(e)))
+            if not isinstance(e, Exception):
+                raise
+        else:
+            _settle(fut, result=result)
+
+    async def _load_user(self, name: str, version: int, path: Path) -> int:
+        if not (path / "adapter_config.json").is_file():
+            raise ValueError(
+                f"{path} is not a PEFT LoRA adapter directory (no adapter_config.json)"
+            )
+        async with self._publish_lock:
+            policy = self._versions[self.policy_version]
+            if policy.adapter is not None:
+                raise ValueError(_lora_policy(self.policy_version))
+            await self._ensure_base_adapter(path)  # base requests never share a slot with it
+            digest = hashlib.sha256(name.encode()).hexdigest()[:12]
+            info = _Version(f"{ADAPTER_PREFIX}{self._run}-u{digest}-v{version}", adapter=path,
+                            user_version=version)  # fmt: skip
+            live = [r for r in self.replicas if r.healthy]
+            if not live:
+                raise EngineUnavailableError("no vLLM replica is available")
+            try:
+                await self._on_replicas(live, lambda r: self._load_adapter(r, info.name, path),
+                                        "load a user's adapter")  # fmt: skip
+            except EngineError as e:
+                if " HTTP 4" in str(e):  # vLLM refused the adapter itself
+                    raise ValueError(str(e)) from e
+                raise
+            self._users.setdefault(name, {})[version] = info
+            self._user_latest[name] = version
+        await self._retire_idle()
+        return version
+
     def unload_adapter(self, name: str) -> concurrent.futures.Future[None]:
-        """Nothing is loaded per request on vLLM yet (see :meth:`load_adapter`): resolves."""
+        """Stop serving ``name``: later requests naming it fail with :class:`EngineError`;
+        those running finish, then its adapters are unloaded from the replicas. Unknown names
+        resolve at once."""
         fut: concurrent.futures.Future[None] = concurrent.futures.Future()
-        fut.set_result(None)
+        if self._closed:
+            fut.set_exception(EngineClosedError("engine is closed"))
+            return fut
+
+        async def unload() -> None:
+            self._user_latest.pop(name, None)
+            await self._retire_idle()
+
+        asyncio.run_coroutine_threadsafe(self._settle_with(fut, unload()), self._loop)
         return fut
 
     def load_policy(self, version: int, weights: Any) -> concurrent.futures.Future[int]:
@@ -602,6 +694,13 @@ class VLLMEngine:
         stale = [v for v, info in self._versions.items()
                  if 0 < v < self.policy_version and not info.inflight]  # fmt: skip
         retired = [self._versions.pop(v) for v in stale]
+        for user in list(self._users):  # users' versions no request gets or uses any more
+            versions = self._users[user]
+            latest = self._user_latest.get(user)
+            for v in [v for v, i in versions.items() if v != latest and not i.inflight]:
+                retired.append(versions.pop(v))
+            if not versions:
+                del self._users[user]
         for info in retired:
             if info.adapter is not None:
                 for r in self.replicas:
@@ -616,19 +715,32 @@ class VLLMEngine:
     def _check_prompt(
         self, prompt_ids: Sequence[int], params: SamplingParams | None = None
     ) -> list[int]:
-        if params is not None and params.adapter is not None:
-            raise EngineError(_NO_ADAPTERS)
         prompt = inputs.prompt_ids(prompt_ids, self.max_context)
         if self._closed:
             raise EngineClosedError("engine is closed")
         return prompt
 
-    async def _acquire(self, serving: bool = False) -> tuple[int, _Version, Replica]:
-        """A replica and the version to use; ``serving``: a generation request (scoring
-        yields to it until :meth:`_release` with ``serving=True``)."""
+    async def _acquire(
+        self, serving: bool = False, adapter: str | None = None
+    ) -> tuple[int, _Version, Replica]:
+        """A replica and the version to use (``adapter``: that user's newest adapter version,
+        ``info.user_version``); ``serving``: a generation request (scoring yields to it until
+        :meth:`_release` with ``serving=True``).
+
+        Raises:
+            EngineError: no adapter of that name is loaded, or the policy is a LoRA version.
+        """
         await self._gate.wait()
         version = self.policy_version
         info = self._versions[version]
+        if adapter is not None:
+            latest = self._user_latest.get(adapter)
+            if latest is None:
+                known = ", ".join(sorted(self._user_latest)[:10]) or "none"
+                raise EngineError(f"no adapter named {adapter!r} is loaded (loaded: {known})")
+            if info.adapter is not None:
+                raise EngineError(_lora_policy(version))
+            info = self._users[adapter][latest]
         replica = self._pick()
         info.inflight += 1
         replica.inflight += 1
@@ -673,7 +785,7 @@ class VLLMEngine:
 
     async def _generate(self, prompt: list[int], params: SamplingParams) -> Completion:
         start = time.perf_counter()
-        version, info, replica = await self._acquire(serving=True)
+        version, info, replica = await self._acquire(serving=True, adapter=params.adapter)
         try:
             body = protocol.completion_body(info.name, prompt, self._stopping(params),
                                             self._max_new(prompt, params), stream=False)  # fmt: skip
@@ -693,6 +805,7 @@ class VLLMEngine:
             finish_reason=choice.finish_reason, policy_version=version,
             prompt_tokens=len(prompt), top_logprobs=choice.top_logprobs,
             stop_string=choice.stop_string, time_to_first_token=latency, latency=latency,
+            adapter_version=info.user_version,
         )  # fmt: skip
 
     async def generate_stream(
@@ -734,7 +847,7 @@ class VLLMEngine:
 
     async def _stream(self, prompt: list[int], params: SamplingParams, emit: Emit) -> None:
         try:
-            version, info, replica = await self._acquire(serving=True)
+            version, info, replica = await self._acquire(serving=True, adapter=params.adapter)
         except Exception as e:
             emit(e)
             return
@@ -787,7 +900,8 @@ class VLLMEngine:
                     last = i == len(delta.token_ids) - 1
                     top = delta.top_logprobs[i] if delta.top_logprobs else []
                     emit(TokenEvent(tok, delta.logprobs[i], top,
-                                    delta.finish_reason if last else None, version))  # fmt: skip
+                                    delta.finish_reason if last else None, version,
+                                    adapter_version=info.user_version))  # fmt: skip
                     sent += 1
                     self.stats.generated_tokens += 1
                 finished = finished or delta.finish_reason is not None
@@ -815,7 +929,7 @@ class VLLMEngine:
             self._failed(replica, f"HTTP {status}")
         elif status == 404 and name.startswith(ADAPTER_PREFIX):
             self._take_out(replica, f"lost adapter {name}", unsynced=True)
-            raise EngineUnavailableError(f"vLLM replica {replica.url} lost policy adapter {name}")
+            raise EngineUnavailableError(f"vLLM replica {replica.url} lost adapter {name}")
 
     async def _post_json(
         self, replica: Replica, path: str, body: dict[str, Any], prompt_tokens: int

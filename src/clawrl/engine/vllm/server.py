@@ -152,6 +152,8 @@ class VLLMServer:
         served_name: str = "base",
         dtype: str | None = None,
         max_lora_rank: int = 16,
+        max_loras: int = 4,
+        max_cpu_loras: int | None = None,
         extra_args: Sequence[str] = (),
         host: str = "127.0.0.1",
         port: int | None = None,
@@ -185,7 +187,8 @@ class VLLMServer:
             "--model", str(self.model_dir), "--served-model-name", served_name,
             "--host", host, "--port", str(self.port),
             "--logprobs-mode", "processed_logprobs",
-            "--enable-lora", "--max-lora-rank", str(max_lora_rank), "--max-loras", "4",
+            "--enable-lora", "--max-lora-rank", str(max_lora_rank), "--max-loras", str(max_loras),
+            *(["--max-cpu-loras", str(max_cpu_loras)] if max_cpu_loras else []),
             *defaults, *extra,
         ]  # fmt: skip
         self.process: subprocess.Popen[bytes] | None = None
