@@ -183,14 +183,11 @@ def test_teacher_thanks_vary_and_end_the_session():
 
 
 def test_polite_complaints_written_without_punctuation_read_as_sentences():
-    """A polite scenario whose complaints have no final punctuation (examples/scenarios/
-    parent.toml) still gives one sentence per complaint: each ends with a full stop before the
+    """A polite scenario whose complaints have no final punctuation (the built-in
+    parent scenario) still gives one sentence per complaint: each ends with a full stop before the
     next part and the sign-off, and one that starts the reply or follows a bare space starts
     with a capital; complaints that end in punctuation are left as written (teacher)."""
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "examples" / "scenarios" / "parent.toml"
-    spec = load_scenario(str(path))
+    spec = load_scenario("parent")
     assert any(c[-1].isalnum() for check in spec.checks for c in check.complaints)
     answer = "Great! We can do it.\n# Working\nFirst add, then multiply, and you get 5."
     seen = 0

@@ -121,15 +121,13 @@ def test_missing_and_not_toml(tmp_path):
 
 
 def test_the_parent_example_is_a_user_whose_wishes_differ_from_the_students():
-    """``examples/scenarios/parent.toml`` (the memory measurement's second user) loads, and an
+    """The built-in ``parent`` scenario (the memory measurement's second user) loads, and an
     answer the parent fully accepts fails the student's rubric and the reverse."""
     import asyncio
-    from pathlib import Path
 
     from clawrl.envs import load_scenario, make_user, problem_split
 
-    path = Path(__file__).resolve().parents[2] / "examples" / "scenarios" / "parent.toml"
-    parent_spec, student_spec = load_scenario(str(path)), load_scenario("student")
+    parent_spec, student_spec = load_scenario("parent"), load_scenario("student")
     parent, student = (
         make_user(parent_spec, "rule", seed=0),
         make_user(student_spec, "rule", seed=0),

@@ -42,6 +42,7 @@ config.toml (what ran), results.json, and each run's store and trained adapter u
         "  clawrl demo --quick                  # a 4-step first look\n"
         "  clawrl demo --compare rl,opd,combine --seeds 3\n"
         "  clawrl demo --memory --seeds 3        # memory alone, Combined, memory + Combined\n"
+        "  clawrl demo --users 2 --seeds 3       # student and parent: an adapter each vs shared\n"
         "  clawrl demo teacher\n"
         "  clawrl demo --quick --engine vllm    # rollouts, evaluation, scoring on a vLLM server\n"
         "  clawrl demo --scenario my_scenario.toml",
@@ -61,6 +62,13 @@ config.toml (what ran), results.json, and each run's store and trained adapter u
                    "Combined, and memory + Combined distilling the memory into the weights; "
                    "memory arms are scored with the memory and with the weights alone "
                    "(= --compare memory,combine,memory+combine)")  # fmt: skip
+    p.add_argument("--users", type=int, choices=[2], metavar="2",
+                   help="two simulated users with conflicting wishes (student: the number "
+                   "first, no steps; parent: numbered steps, 'Answer: N' last) through one "
+                   "gateway, each with an API key of their own; two arms from the same start: "
+                   "an adapter per user (--per-user-adapters) and one shared policy trained on "
+                   "both; --steps is per user (the shared arm takes twice as many); each user is "
+                   "scored on their own held-out problems and rubric")  # fmt: skip
     p.add_argument("--seeds", type=int, default=1, help="repeat every run from seeds 0..K-1 (1)")
     p.add_argument("--jobs", type=int, default=1,
                    help="runs at once (1), each in its own thread with the cores split between "
@@ -148,6 +156,8 @@ def run(args: argparse.Namespace) -> int:
 
     logging.getLogger("clawrl").setLevel(logging.ERROR)
     cfg = demo_config(args)
+    if args.users:
+        return run_users_demo(args, cfg)
     scenario = args.scenario_file or args.scenario
     spec = load_scenario(scenario)  # a malformed file fails here, before any model loads
     if args.memory and args.compare:
@@ -238,4 +248,62 @@ def run(args: argparse.Namespace) -> int:
     console.print(score_table(with_weights_only(results)))
     console.print(f"\nwall time {wall / 60:.1f} min; report: {report}")
     sys.stdout.flush()
+    return 0
+
+
+def run_users_demo(args: argparse.Namespace, cfg: Config) -> int:
+    """``clawrl demo --users 2`` (:mod:`clawrl.demo.users`): both arms, every seed, one at a
+    time; a line per wave and per evaluation, then the table."""
+    from clawrl.demo import DemoSettings
+    from clawrl.demo.users import USER_ARMS, USERS, run_users, users_table, write_users_report
+    from clawrl.engine.threads import call_in_transient_thread
+    from clawrl.envs import load_scenario
+    from clawrl.runtime import build_judge
+
+    specs = [load_scenario(name) for name in USERS[: args.users]]
+    steps, batch, problems, evals = run_shape(args)
+    seeds = tuple(range(args.seed, args.seed + max(1, args.seeds)))
+    settings = DemoSettings(
+        scenario=USERS[0], methods=(args.method,), seeds=seeds, steps=steps, eval_steps=evals,
+        batch_size=batch, eval_problems=problems, max_tokens=args.max_tokens,
+        concurrency=args.concurrency, dataset=args.dataset, out_dir=args.out,
+        validation=args.validation, store=args.store,
+    )  # fmt: skip
+    runs = [(seed, arm) for seed in seeds for arm in USER_ARMS]
+    print(f"clawrl demo --users {args.users}: {', '.join(s.name for s in specs)} through one "
+          f"gateway; arms {', '.join(USER_ARMS)}; seeds {', '.join(map(str, seeds))}; {steps} "
+          f"steps per user x {batch} samples; evaluated at {', '.join(map(str, evals))}",
+          flush=True)  # fmt: skip
+    t0 = time.perf_counter()
+    total = steps * args.users * len(runs)
+    done: dict[tuple[str, int], int] = {}
+
+    def progress(event: str, info: dict[str, Any]) -> None:
+        elapsed = time.perf_counter() - t0
+        if event == "sessions":
+            done[(info["method"], info["seed"])] = info["status"].steps
+            overall = sum(done.values())
+            eta = f", ~{elapsed / overall * (total - overall) / 60:.0f} min left" if overall else ""
+            print(f"{info['method']} seed {info['seed']}: step {info['status'].steps}/"
+                  f"{steps * args.users} ({overall}/{total} overall), {info['sessions']} "
+                  f"sessions, {elapsed / 60:.1f} min{eta}", flush=True)  # fmt: skip
+        elif event == "evaluated":
+            low, high = info["ci"]
+            print(f"  {info['method']} seed {info['seed']} step {info['step']} (version "
+                  f"{info['version']}): score {info['score']:.3f} [{low:.3f}, {high:.3f}]",
+                  flush=True)  # fmt: skip
+
+    judge = call_in_transient_thread(build_judge, cfg)
+    results = []
+    try:
+        for seed, arm in runs:
+            results.append(run_users(arm, settings, cfg, specs, seed=seed, judge=judge,
+                                     progress=progress))  # fmt: skip
+    finally:
+        judge.close()
+    wall = time.perf_counter() - t0
+    report = write_users_report(results, settings, wall)
+    print()
+    print(users_table(results, sorted(set(evals))))
+    print(f"\nwall time {wall / 60:.1f} min; report: {report}", flush=True)
     return 0

@@ -83,7 +83,7 @@ from clawrl.envs.checks import CHECK_KINDS, CheckKind, build_check
 from clawrl.envs.rubric import Check, Rubric
 from clawrl.errors import ConfigError
 
-BUILTIN = ("student", "teacher")
+BUILTIN = ("student", "teacher", "parent")
 """The scenarios shipped with clawrl."""
 
 
@@ -344,7 +344,7 @@ def parse_scenario(data: dict[str, Any], *, source: str = "<scenario>") -> Scena
 
 
 def load_scenario(name_or_path: str | Path) -> ScenarioSpec:
-    """A built-in scenario by name (``student``, ``teacher``) or a scenario file.
+    """A built-in scenario by name (``student``, ``teacher``, ``parent``) or a scenario file.
 
     Raises:
         ConfigError: the file is missing, not TOML, or not a valid scenario (the message names
