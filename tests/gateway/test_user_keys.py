@@ -61,11 +61,24 @@ def test_a_users_key_acts_for_that_user_and_sees_only_their_data(served):
                          "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
     assert r.status_code == 403 and r.json()["type"] == "error"
     assert "bob" in r.json()["error"]["message"]
-    # naming alice's session (or sending her history) with bob's key: refused, nothing recorded
+    # a session bob names is his own (stored as bob/NAME): naming alice's reaches nothing of hers
     r = _chat(url, "key-bob-2", **{"x-session-id": alice.session_id})
-    assert r.status_code == 403 and r.json()["error"]["code"] == "session_of_another_user"
+    assert r.status_code == 200
+    assert r.headers["x-clawrl-session-id"] == f"bob/{alice.session_id}"
     assert len(store.session_turns(alice.session_id)) == 1
-    assert len(store.list_sessions()) == 3  # nothing recorded for the refused calls
+    # alice naming her own (inferred) session by the id the gateway gave her: it is hers
+    r = _chat(url, "key-alice-1", **{"x-session-id": alice.session_id})
+    assert r.headers["x-clawrl-session-id"] == alice.session_id
+    assert len(store.session_turns(alice.session_id)) == 2
+    # sending her history (her question and the answer she got): refused, nothing recorded
+    history = [{"role": "user", "content": "hi from key-alice-1"},
+               {"role": "assistant", "content": "hello there"},
+               {"role": "user", "content": "and then?"}]  # fmt: skip
+    r = httpx.post(f"{url}/v1/chat/completions", headers=_h("key-bob-2"), timeout=30,
+                   json={"model": "tiny", "max_tokens": 4, "messages": history})  # fmt: skip
+    assert r.status_code == 403 and r.json()["error"]["code"] == "session_of_another_user"
+    assert len(store.session_turns(alice.session_id)) == 2
+    assert len(store.list_sessions()) == 4  # nothing recorded for the refused calls
     # the dashboard (a browser's Basic login): alice's sessions only
     basic = {"Authorization": "Basic " + base64.b64encode(b"any:key-alice-1").decode()}
     r = httpx.get(f"{url}/dashboard/api/sessions", headers=basic, timeout=30)
@@ -95,7 +108,7 @@ def test_a_users_key_acts_for_that_user_and_sees_only_their_data(served):
     assert store.get_session(bob.session_id).ended_at is None
     # the admin key sees every user; an unknown key nothing
     r = httpx.get(f"{url}/dashboard/api/sessions", headers=_h(ADMIN), timeout=30)
-    assert len(r.json()["sessions"]) == 3
+    assert len(r.json()["sessions"]) == 4
     assert httpx.get(f"{url}/metrics", headers=_h(ADMIN)).status_code == 200
     assert httpx.post(end, headers=_h(ADMIN)).status_code == 200
     assert _chat(url, "key-nobody").status_code == 401

@@ -318,16 +318,22 @@ def run(args: argparse.Namespace) -> int:
                 )
         bound = sock.getsockname()[1]
         base = f"http://{_url_host(host)}:{bound}/v1"
-        auth = ' -H "Authorization: Bearer $CLAWRL_API_KEY"' if api_key else ""
+        auth = ' -H "Authorization: Bearer $CLAWRL_API_KEY"' if api_key or user_keys else ""
         print(f"clawrl gateway: serving {name} at {base}  (store: {runtime.store.target})",
               flush=True)  # fmt: skip
+        if user_keys:
+            admin = "the --api-key key sees every user" if api_key else (
+                "no admin key (--api-key): nobody sees every user's data over HTTP")  # fmt: skip
+            print(f"users' keys: {len(user_keys)} users from {keys_file}, each sees their own "
+                  f"data only (read at start: restart to change them); {admin}", flush=True)  # fmt: skip
         shared = runtime.store.latest_policy_version()
         if cfg.server.per_user_adapters and runtime.service is not None and shared is not None:
             print(f"per-user adapters train on the base weights: this store's shared policy "
                   f"v{shared.version} is not served (serve without --per-user-adapters to "
                   "serve it)", flush=True)  # fmt: skip
         if cfg.server.per_user_adapters:
-            print(f"per-user adapters: on (users from {', '.join(cfg.server.user_from) or 'nowhere'}"
+            sources = "their keys" if user_keys else (", ".join(cfg.server.user_from) or "nowhere")
+            print(f"per-user adapters: on (users from {sources}"
                   f"; at most {cfg.engine.max_adapters} in memory; record one with clawrl users "
                   "adapter USER DIR)", flush=True)  # fmt: skip
         if not args.quiet:

@@ -34,7 +34,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 
 from clawrl.dashboard.data import PAGE_SIZE_MAX, DashboardSource
 from clawrl.errors import ClientInputError, StoreError
-from clawrl.gateway.auth import key_user, require_admin
+from clawrl.gateway.auth import key_user, own_session, require_admin
 from clawrl.store.users import MAX_USER_ID_CHARS, user_id_problem
 
 PREFIX = "/dashboard"
@@ -162,7 +162,7 @@ async def api_sessions(
 
 
 @router.get("/api/session")
-async def api_session(request: Request, session_id: str = SESSION_ID) -> JSONResponse:
+async def api_session(request: Request, asked: str = SESSION_ID) -> JSONResponse:
     """:meth:`DashboardSource.session`.
 
     Raises:
@@ -172,6 +172,7 @@ async def api_session(request: Request, session_id: str = SESSION_ID) -> JSONRes
     keyed = key_user(request)
 
     def read() -> dict[str, Any]:
+        session_id = own_session(request, asked, source.store)
         theirs = keyed is None or keyed in source.store.session_user_ids(session_id)
         if source.store.get_session(session_id) is None or not theirs:
             raise ClientInputError(

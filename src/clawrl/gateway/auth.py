@@ -114,7 +114,7 @@ def load_user_keys(path: str | Path, *, admin_key: str | None = None) -> dict[st
                 f"{where}: this key is given to user {keys[key]!r} already (one user per key)"
             )
         if admin_key is not None and hmac.compare_digest(key.encode(), admin_key.encode()):
-            raise ConfigError(f"{where}: {user!r}'s key is the admin key (--api-key)")
+            raise ConfigError(f"{where}: the key of user {user!r} is the admin key (--api-key)")
         keys[key] = user
     if not keys:
         raise ConfigError(f"{path} holds no 'USER KEY' line")
@@ -128,6 +128,20 @@ def key_user(request: Request) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def own_session(request: Request, session_id: str, store: Any) -> str:
+    """The stored id of a session a client names (a blocking store read): with a user's key,
+    the id itself when that session holds that user's turns only (one the gateway inferred for
+    them, as ``x-clawrl-session-id`` answered it), else ``USER/ID``: each user's session names
+    are their own, so naming another user's session reaches nothing of theirs and tells
+    nothing of it (an unknown name answers the same). Without a user's key, as given."""
+    user = key_user(request)
+    if user is None or session_id.startswith(f"{user}/"):
+        return session_id
+    if store.session_user_ids(session_id) == {user}:
+        return session_id
+    return f"{user}/{session_id}"
+
+
 def require_admin(request: Request, what: str) -> None:
     """Refuse a request made with a user's key to ``what`` (data of every user).
 
@@ -136,8 +150,8 @@ def require_admin(request: Request, what: str) -> None:
     """
     user = key_user(request)
     if user is not None:
-        raise ClientInputError(f"{what} covers every user: this key is user {user!r}'s; use the "
-                               "admin key (--api-key)", status=403, code="admin_only")  # fmt: skip
+        raise ClientInputError(f"{what} covers every user and this key is one user's ({user!r}): "
+                               "use the admin key (--api-key)", status=403, code="admin_only")  # fmt: skip
 
 
 KEY_USER = "clawrl_key_user"

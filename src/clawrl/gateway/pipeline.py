@@ -63,7 +63,7 @@ from clawrl.gateway.attribution import (
     retry_count,
     spawning_turn,
 )
-from clawrl.gateway.auth import key_fingerprint, key_user, presented_key
+from clawrl.gateway.auth import key_fingerprint, key_user, own_session, presented_key
 from clawrl.gateway.choices import StreamedChoice, complete_choice
 from clawrl.gateway.decode import visible_text
 from clawrl.gateway.disconnect import until_disconnected
@@ -298,8 +298,12 @@ async def start_call(gw: GatewayState, request: Request, req: CallRequest) -> Ca
     }
 
     def blocking() -> tuple[PreparedCall, tuple[str | None, str] | None]:
+        explicit = req.explicit
+        if explicit is not None:  # a user's key: their session names are their own
+            named = own_session(request, explicit.session_id, gw.store)
+            explicit = dataclasses.replace(explicit, session_id=named)
         prepared = prepare_messages(
-            gw.tokenizer, gw.store, req.messages, req.tools, req.tool_choice, req.explicit,
+            gw.tokenizer, gw.store, req.messages, req.tools, req.tool_choice, explicit,
             client_name=client_name, side_kind=req.side_kind, retry_count=retries, client=who,
             memory=gw.memory,
         )  # fmt: skip
@@ -317,9 +321,8 @@ async def start_call(gw: GatewayState, request: Request, req: CallRequest) -> Ca
         others = await anyio.to_thread.run_sync(gw.store.session_user_ids, prepared.session_id)
         if others - {keyed}:
             raise ClientInputError(
-                "this call continues a session that holds another user's turns (named by the "
-                "client, or the history it sends): a user's key can only add to that user's own "
-                "sessions; start a new conversation (or name a session of your own)",
+                "this call's history continues a conversation of another user: a user's key can "
+                "only add to that user's own sessions; start a new conversation",
                 status=403, code="session_of_another_user",
             )  # fmt: skip
     if prepared.spliced:

@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from clawrl.errors import ClientInputError
-from clawrl.gateway.auth import key_user, require_admin
+from clawrl.gateway.auth import key_user, own_session, require_admin
 from clawrl.gateway.state import GatewayState
 from clawrl.policy_version import version_fields
 from clawrl.store import FeedbackRecord, Store
@@ -94,6 +94,7 @@ async def end_session(session_id: str, request: Request) -> dict[str, Any]:
         ClientInputError: 404 for an unknown session.
     """
     gw = _gw(request)
+    session_id = await anyio.to_thread.run_sync(own_session, request, session_id, gw.store)
     ended_at = await anyio.to_thread.run_sync(_end_session, gw.store, session_id, key_user(request))
     return {"id": session_id, "object": "session", "ended": True, "ended_at": ended_at}
 
@@ -148,6 +149,9 @@ async def feedback(body: FeedbackRequest, request: Request) -> dict[str, Any]:
         ClientInputError: 400 (no id, reward out of [-1, 1]), 404 (unknown turn or session).
     """
     gw = _gw(request)
+    if body.session_id is not None:
+        named = await anyio.to_thread.run_sync(own_session, request, body.session_id, gw.store)
+        body = body.model_copy(update={"session_id": named})
     fb = await anyio.to_thread.run_sync(_add_feedback, gw.store, body, key_user(request))
     extra: dict[str, Any] = {}
     memory = gw.memory

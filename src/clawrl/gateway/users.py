@@ -98,8 +98,8 @@ def resolve_user(
                              from_body or (None, None)):  # fmt: skip
             if isinstance(value, str) and value.strip() and value.strip() != keyed:
                 raise ClientInputError(
-                    f"{where} names user {value.strip()!r} but this API key is user {keyed!r}'s "
-                    "(a user's key acts for that user only)",
+                    f"{where} names user {value.strip()!r} but this API key belongs to user "
+                    f"{keyed!r} (a user's key acts for that user only)",
                     status=403, param=where, code="user_mismatch",
                 )  # fmt: skip
         return keyed
