@@ -12,7 +12,8 @@ key's user). Two arms from the same base weights, with the same seeds, problems 
 Training runs in waves (the demo's fixed schedule): each user's sessions run side by side, then
 the wave's turns are judged and the learner steps on them in a fixed order. ``steps`` is per
 user: the shared arm takes twice as many steps of the same batch size, so both arms train on
-the same number of samples. Each user is evaluated on their own held-out problems with their
+the same number of samples (in the per-user arm each user takes exactly ``steps``: a user
+whose batches fill first waits for the other). Each user is evaluated on their own held-out problems with their
 own rubric (greedy, their key: the per-user arm serves their adapter) before training and at
 the evaluated steps. The report gives each user's score per arm with 95 % intervals (over the
 problems for one seed, over seeds for several), the gain over the base, and the per-user arm's
@@ -170,7 +171,9 @@ def run_users(
 
     try:
         for target in sorted({min(s, settings.steps) for s in settings.eval_steps}):
-            service.step_limit = target * n  # steps per user; the shared arm takes them all
+            service.step_limit = target * n  # the shared arm takes them all
+            if arm == "per-user":  # and each user exactly ``target`` of their own
+                service.learner.user_step_limit = target
             deadline = time.monotonic() + settings.timeout_s * n
             _settle(service, [])
             while service.status().steps < target * n:
@@ -184,7 +187,9 @@ def run_users(
                     cursors[i] += len(got)
                     run.users[i].sessions += len(got)
                 wave += 1
-                _settle(service, [log.session_id for got in done for log in got])
+                # a user's key: the gateway stores the sessions it names as USER/NAME
+                _settle(service, [f"{spec.name}/{log.session_id}"
+                                  for spec, got in zip(specs, done, strict=True) for log in got])  # fmt: skip
                 progress("sessions", {"method": arm, "seed": seed, "status": service.status(),
                                       "sessions": sum(cursors), "target": target * n})  # fmt: skip
             if run.note:

@@ -199,6 +199,10 @@ class OnlineLearner:
         self._user_versions: dict[str, int] = {}  # user -> their newest adapter version
         self._refused_users: dict[str, str] = {}  # user -> why their adapter cannot train
         self._user_steps = 0
+        self._steps_of: dict[str, int] = {}  # user -> steps of their adapter
+        self.user_step_limit: int | None = None
+        """Per-user training: no user's adapter takes a step past this many (``None``: no
+        cap); the demo gives every user the same number of steps."""
         self._tried_last: str | None = None
         if per_user:
             if memory is not None:
@@ -228,6 +232,10 @@ class OnlineLearner:
             latest_versions = self.store.latest_user_adapters()
             self._user_versions = {u: r.version for u, r in latest_versions.items()}
             self._user_steps = self.state.steps = self.store.trained_user_adapter_versions()
+            for user in latest_versions:
+                self._steps_of[user] = sum(
+                    1 for r in self.store.user_adapter_versions(user) if r.step is not None
+                )
             return self.engine.policy_version
         if self.learner.resume() is None:
             return self.engine.policy_version
@@ -419,6 +427,7 @@ class OnlineLearner:
         """Drop what this learner holds of ``user`` (their versions left the store)."""
         log.info("user %r has no adapter version any more: their trainer starts afresh", user)
         self._user_versions.pop(user, None)
+        self._steps_of.pop(user, None)
         self._user_learners.pop(user, None)
         self._refused_users.pop(user, None)
         for t in [t for t, u in self._user_of.items() if u == user]:
@@ -432,8 +441,11 @@ class OnlineLearner:
         another has one too (a user whose step fails does not hold up the others)."""
         counts: dict[str, int] = {}
         full: list[str] = []
+        cap = self.user_step_limit
         for t in order:
             user = self._user_of[t]
+            if cap is not None and self._steps_of.get(user, 0) >= cap:
+                continue  # this user has had their steps
             counts[user] = counts.get(user, 0) + 1
             if counts[user] == self.config.batch_size:
                 full.append(user)
@@ -550,6 +562,7 @@ class OnlineLearner:
             self._forget_ready(t)
         if user is not None:
             self._user_steps += 1
+            self._steps_of[user] = self._steps_of.get(user, 0) + 1
             version = int(metrics.get("policy/version", 0))
             self._user_versions[user] = max(self._user_versions.get(user, 0), version)
         self.state.last_user = user
