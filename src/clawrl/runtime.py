@@ -95,7 +95,8 @@ def _vllm_engine(policy: Policy, config: Config) -> Engine:
             policy.path, python=ec.vllm_python, run_dir=Path(config.trainer.output_dir) / "vllm",
             dtype=config.model.dtype, max_lora_rank=config.trainer.lora_rank,
             # per-user adapters: the base's zero adapter, the policy's and the users' at once
-            max_loras=ec.max_adapters + 2 if config.server.per_user_adapters else 4,
+            # slots in one batch stay few (vLLM reserves memory for each); the rest wait on CPU
+            max_loras=min(ec.max_adapters + 2, 8) if config.server.per_user_adapters else 4,
             max_cpu_loras=ec.max_adapters + 2 if config.server.per_user_adapters else None,
             extra_args=ec.vllm_args, startup_timeout_s=ec.vllm_startup_timeout_s,
         )  # fmt: skip

@@ -53,6 +53,9 @@ def test_a_users_key_acts_for_that_user_and_sees_only_their_data(served):
     turns = {t.user_id: t for s in store.list_sessions() for t in store.session_turns(s.session.id)}
     assert set(turns) == {"alice", "bob", "carol"}  # the key's user, without any header
     alice, bob = turns["alice"], turns["bob"]
+    # a user's sessions live in their own namespace; the admin's do not
+    assert alice.session_id.startswith("alice:") and bob.session_id.startswith("bob:")
+    assert ":" not in turns["carol"].session_id
     # naming another user with a user's key: 403 in the client's own protocol
     r = _chat(url, "key-alice-1", **{"x-clawrl-user": "bob"})
     assert r.status_code == 403 and r.json()["error"]["code"] == "user_mismatch"
@@ -61,24 +64,28 @@ def test_a_users_key_acts_for_that_user_and_sees_only_their_data(served):
                          "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
     assert r.status_code == 403 and r.json()["type"] == "error"
     assert "bob" in r.json()["error"]["message"]
-    # a session bob names is his own (stored as bob/NAME): naming alice's reaches nothing of hers
+    # a session bob names is his own (stored as bob:NAME): naming alice's reaches nothing of hers
     r = _chat(url, "key-bob-2", **{"x-session-id": alice.session_id})
     assert r.status_code == 200
-    assert r.headers["x-clawrl-session-id"] == f"bob/{alice.session_id}"
+    assert r.headers["x-clawrl-session-id"] == f"bob:{alice.session_id}"
+    r = _chat(url, "key-bob-2", **{"x-session-id": "no-such-session"})  # answers the same
+    assert r.status_code == 200 and r.headers["x-clawrl-session-id"] == "bob:no-such-session"
     assert len(store.session_turns(alice.session_id)) == 1
     # alice naming her own (inferred) session by the id the gateway gave her: it is hers
     r = _chat(url, "key-alice-1", **{"x-session-id": alice.session_id})
     assert r.headers["x-clawrl-session-id"] == alice.session_id
     assert len(store.session_turns(alice.session_id)) == 2
-    # sending her history (her question and the answer she got): refused, nothing recorded
+    # sending her history (her question and the answer she got) opens a session of his own:
+    # nothing joins hers, and nothing tells him it exists
     history = [{"role": "user", "content": "hi from key-alice-1"},
                {"role": "assistant", "content": "hello there"},
                {"role": "user", "content": "and then?"}]  # fmt: skip
     r = httpx.post(f"{url}/v1/chat/completions", headers=_h("key-bob-2"), timeout=30,
                    json={"model": "tiny", "max_tokens": 4, "messages": history})  # fmt: skip
-    assert r.status_code == 403 and r.json()["error"]["code"] == "session_of_another_user"
+    assert r.status_code == 200 and r.headers["x-clawrl-session-id"].startswith("bob:")
+    assert r.headers["x-clawrl-session-id"] != f"bob:{alice.session_id}"
     assert len(store.session_turns(alice.session_id)) == 2
-    assert len(store.list_sessions()) == 4  # nothing recorded for the refused calls
+    assert len(store.list_sessions()) == 6
     # the dashboard (a browser's Basic login): alice's sessions only
     basic = {"Authorization": "Basic " + base64.b64encode(b"any:key-alice-1").decode()}
     r = httpx.get(f"{url}/dashboard/api/sessions", headers=basic, timeout=30)
@@ -108,7 +115,7 @@ def test_a_users_key_acts_for_that_user_and_sees_only_their_data(served):
     assert store.get_session(bob.session_id).ended_at is None
     # the admin key sees every user; an unknown key nothing
     r = httpx.get(f"{url}/dashboard/api/sessions", headers=_h(ADMIN), timeout=30)
-    assert len(r.json()["sessions"]) == 4
+    assert len(r.json()["sessions"]) == 6
     assert httpx.get(f"{url}/metrics", headers=_h(ADMIN)).status_code == 200
     assert httpx.post(end, headers=_h(ADMIN)).status_code == 200
     assert _chat(url, "key-nobody").status_code == 401
@@ -119,7 +126,8 @@ def test_the_keys_file_is_checked_line_by_line(tmp_path):
     path.write_text("# users\nalice k1\n\nbob   k2\n")
     assert load_user_keys(path) == {"k1": "alice", "k2": "bob"}
     for text, why in (("alice\n", "two fields"), ("alice k1\nbob k1\n", "given to user 'alice' already"),
-                      ("alice admin\n", "admin key"), ("# none\n", "no 'USER KEY'")):  # fmt: skip
+                      ("alice admin\n", "admin key"), ("# none\n", "no 'USER KEY'"),
+                      ("a:b k3\n", "must not contain ':'")):  # fmt: skip
         path.write_text(text)
         with pytest.raises(ConfigError, match=why):
             load_user_keys(path, admin_key="admin")

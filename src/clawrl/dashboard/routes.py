@@ -172,7 +172,7 @@ async def api_session(request: Request, asked: str = SESSION_ID) -> JSONResponse
     keyed = key_user(request)
 
     def read() -> dict[str, Any]:
-        session_id = own_session(request, asked, source.store)
+        session_id = own_session(request, asked)
         theirs = keyed is None or keyed in source.store.session_user_ids(session_id)
         if source.store.get_session(session_id) is None or not theirs:
             raise ClientInputError(

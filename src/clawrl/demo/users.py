@@ -110,6 +110,10 @@ def run_users(
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
     mcfg = method_config(cfg, settings.methods[0], settings, run_dir, seed)
+    # both arms score the OPD teacher the same way: by the trainer, at step time (the per-user
+    # learner always does: the engine's score takes no adapter)
+    mcfg = mcfg.model_copy(update={
+        "trainer": mcfg.trainer.model_copy(update={"teacher_scoring": "trainer"})})  # fmt: skip
     if arm == "per-user":
         server = mcfg.server.model_copy(update={"per_user_adapters": True})
         mcfg = mcfg.model_copy(update={"server": server})
@@ -146,7 +150,8 @@ def run_users(
             else settings.temperature,
             max_tokens=settings.max_tokens or spec.answer.max_tokens,
             max_turns=settings.max_turns or spec.answer.max_turns,
-            api_key=key_of[spec.name], session_prefix=f"sim-{arm}-{seed}-{spec.name}-",
+            # the same session ids (so the same sampling seeds) in both arms: their own stores
+            api_key=key_of[spec.name], session_prefix=f"sim-{seed}-{spec.name}-",
             seed=seed, run_id=f"w{wave:05d}",
         )  # fmt: skip
 
@@ -187,9 +192,11 @@ def run_users(
                     cursors[i] += len(got)
                     run.users[i].sessions += len(got)
                 wave += 1
-                # a user's key: the gateway stores the sessions it names as USER/NAME
-                _settle(service, [f"{spec.name}/{log.session_id}"
+                # a user's key: the gateway stores the sessions it names as USER:NAME
+                _settle(service, [f"{spec.name}:{log.session_id}"
                                   for spec, got in zip(specs, done, strict=True) for log in got])  # fmt: skip
+                if gateway.user_adapters is not None:
+                    gateway.user_adapters.refresh()  # the next wave gets each user's new version
                 progress("sessions", {"method": arm, "seed": seed, "status": service.status(),
                                       "sessions": sum(cursors), "target": target * n})  # fmt: skip
             if run.note:

@@ -109,6 +109,8 @@ def load_user_keys(path: str | Path, *, admin_key: str | None = None) -> dict[st
         user, key = parts
         if (problem := user_id_problem(user)) is not None:
             raise ConfigError(f"{where}: the user id {problem}")
+        if ":" in user:  # a user's sessions are stored as USER:NAME
+            raise ConfigError(f"{where}: a user id with a key must not contain ':'")
         if key in keys:
             raise ConfigError(
                 f"{where}: this key is given to user {keys[key]!r} already (one user per key)"
@@ -128,18 +130,20 @@ def key_user(request: Request) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def own_session(request: Request, session_id: str, store: Any) -> str:
-    """The stored id of a session a client names (a blocking store read): with a user's key,
-    the id itself when that session holds that user's turns only (one the gateway inferred for
-    them, as ``x-clawrl-session-id`` answered it), else ``USER/ID``: each user's session names
-    are their own, so naming another user's session reaches nothing of theirs and tells
-    nothing of it (an unknown name answers the same). Without a user's key, as given."""
+def session_prefix(request: Request) -> str:
+    """The namespace of the sessions of a request made with a user's key (``"USER:"``; ``""``
+    otherwise): every session such a request names or opens is stored under it
+    (:func:`clawrl.gateway.prepare.prepare_messages`), so one user naming a session never
+    reaches another's, nor learns whether it exists."""
     user = key_user(request)
-    if user is None or session_id.startswith(f"{user}/"):
-        return session_id
-    if store.session_user_ids(session_id) == {user}:
-        return session_id
-    return f"{user}/{session_id}"
+    return "" if user is None else f"{user}:"
+
+
+def own_session(request: Request, session_id: str) -> str:
+    """The stored id of a session a client names: under :func:`session_prefix` (an id already
+    in it, as ``x-clawrl-session-id`` answered it, is kept)."""
+    prefix = session_prefix(request)
+    return session_id if session_id.startswith(prefix) else prefix + session_id
 
 
 def require_admin(request: Request, what: str) -> None:

@@ -63,7 +63,7 @@ from clawrl.gateway.attribution import (
     retry_count,
     spawning_turn,
 )
-from clawrl.gateway.auth import key_fingerprint, key_user, own_session, presented_key
+from clawrl.gateway.auth import key_fingerprint, key_user, presented_key, session_prefix
 from clawrl.gateway.choices import StreamedChoice, complete_choice
 from clawrl.gateway.decode import visible_text
 from clawrl.gateway.disconnect import until_disconnected
@@ -297,15 +297,13 @@ async def start_call(gw: GatewayState, request: Request, req: CallRequest) -> Ca
         "api_key_fingerprint": key_fingerprint(presented_key(request)),
     }
 
+    prefix = session_prefix(request)  # a user's key: their sessions are their own
+
     def blocking() -> tuple[PreparedCall, tuple[str | None, str] | None]:
-        explicit = req.explicit
-        if explicit is not None:  # a user's key: their session names are their own
-            named = own_session(request, explicit.session_id, gw.store)
-            explicit = dataclasses.replace(explicit, session_id=named)
         prepared = prepare_messages(
-            gw.tokenizer, gw.store, req.messages, req.tools, req.tool_choice, explicit,
+            gw.tokenizer, gw.store, req.messages, req.tools, req.tool_choice, req.explicit,
             client_name=client_name, side_kind=req.side_kind, retry_count=retries, client=who,
-            memory=gw.memory,
+            memory=gw.memory, session_prefix=prefix,
         )  # fmt: skip
         spawn = None
         if "agent_id" in agent:

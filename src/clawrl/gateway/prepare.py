@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from clawrl.chat import (
@@ -213,6 +213,7 @@ def prepare_messages(
     retry_count: int | None = None,
     client: dict[str, Any] | None = None,
     memory: MemoryOptions | None = None,
+    session_prefix: str = "",
 ) -> PreparedCall:
     """Render, splice, prefill and attribute already-normalised messages (blocking); every
     protocol (chat completions, Anthropic Messages, Responses) ends up here. Ephemeral harness
@@ -231,6 +232,9 @@ def prepare_messages(
             the system message. A call that continues a recorded turn keeps the memory that turn
             had (the conversation's prefix stays the one the policy saw); a new conversation
             gets the memory as it is now (:class:`clawrl.memory.MemoryOptions`).
+        session_prefix: a user's namespace (``"USER:"``, a request with a user's API key):
+            every session the call names is stored under it, a new session's id starts with
+            it, and a call is never linked into a session outside it (it opens its own).
 
     Raises:
         ClientInputError: (400) a template that rejects the conversation.
@@ -239,6 +243,12 @@ def prepare_messages(
     messages, dropped = drop_ephemeral(messages)
     if explicit is None:
         explicit = harness_session(messages)
+    if (
+        explicit is not None
+        and session_prefix
+        and not explicit.session_id.startswith(session_prefix)
+    ):
+        explicit = replace(explicit, session_id=session_prefix + explicit.session_id)
     scope = explicit.session_id if explicit else None
     side_kind = side_kind or side_kind_from_messages(messages)
     native = supports_native_tools(tokenizer)
@@ -302,6 +312,8 @@ def prepare_messages(
         chosen.spliced,
     )
     prompt_ids, link = chosen.prompt_ids, chosen.link
+    if session_prefix and not (link.session_id or "").startswith(session_prefix):
+        link = Link(None, None, "new")  # another user's conversation is never joined or named
     history_link = None
     if link.history_turn is not None:
         rewrite = describe_rewrite(
@@ -331,8 +343,8 @@ def prepare_messages(
         session_id, source = link.session_id, SessionSource.INFERRED
         attribution = f"inferred:{link.detail}"
     else:
-        new_session = SessionRecord(new_id(), SessionSource.INFERRED, time.time(),
-                                    client=client_name)  # fmt: skip
+        new_session = SessionRecord(session_prefix + new_id(), SessionSource.INFERRED,
+                                    time.time(), client=client_name)  # fmt: skip
         session_id, source, attribution = new_session.id, SessionSource.INFERRED, "inferred:new"
     return PreparedCall(
         messages=messages,

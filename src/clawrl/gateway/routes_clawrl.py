@@ -94,7 +94,7 @@ async def end_session(session_id: str, request: Request) -> dict[str, Any]:
         ClientInputError: 404 for an unknown session.
     """
     gw = _gw(request)
-    session_id = await anyio.to_thread.run_sync(own_session, request, session_id, gw.store)
+    session_id = own_session(request, session_id)
     ended_at = await anyio.to_thread.run_sync(_end_session, gw.store, session_id, key_user(request))
     return {"id": session_id, "object": "session", "ended": True, "ended_at": ended_at}
 
@@ -150,8 +150,7 @@ async def feedback(body: FeedbackRequest, request: Request) -> dict[str, Any]:
     """
     gw = _gw(request)
     if body.session_id is not None:
-        named = await anyio.to_thread.run_sync(own_session, request, body.session_id, gw.store)
-        body = body.model_copy(update={"session_id": named})
+        body = body.model_copy(update={"session_id": own_session(request, body.session_id)})
     fb = await anyio.to_thread.run_sync(_add_feedback, gw.store, body, key_user(request))
     extra: dict[str, Any] = {}
     memory = gw.memory

@@ -394,9 +394,14 @@ class VLLMEngine:
                 await self._load_adapter(replica, self._base_served, self._base_adapter,
                                          replace=True)  # fmt: skip
             for user, latest in list(self._user_latest.items()):  # users' adapters too
-                info = self._users[user][latest]
-                assert info.adapter is not None
-                await self._load_adapter(replica, info.name, info.adapter, replace=True)
+                info = self._users.get(user, {}).get(latest)
+                if info is None or info.adapter is None:
+                    continue  # unloaded meanwhile
+                try:
+                    await self._load_adapter(replica, info.name, info.adapter, replace=True)
+                except EngineError as e:  # one user's adapter keeps no replica out
+                    log.error("vLLM replica %s did not take user %r's adapter v%d back: %s",
+                              replica.url, user, latest, e)  # fmt: skip
             if current.adapter is not None:
                 await self._load_adapter(replica, current.name, current.adapter, replace=True)
             elif current.weights is not None:
@@ -501,7 +506,6 @@ class VLLMEngine:
                 fut.set_exception(ValueError(
                     f"adapter {name!r}: versions only increase ({version} <= {current})"))  # fmt: skip
                 return fut
-            self._user_max[name] = int(version)
             self._publishes.add(fut)
         fut.add_done_callback(self._publishes.discard)
         path = Path(adapter_dir).resolve()
@@ -527,10 +531,13 @@ class VLLMEngine:
                 f"{path} is not a PEFT LoRA adapter directory (no adapter_config.json)"
             )
         async with self._publish_lock:
+            current = self._user_max.get(name)  # loads of one name: one at a time, in order
+            if current is not None and version <= current:
+                raise ValueError(f"adapter {name!r}: versions only increase ({version} <= "
+                                 f"{current})")  # fmt: skip
             policy = self._versions[self.policy_version]
             if policy.adapter is not None:
                 raise ValueError(_lora_policy(self.policy_version))
-            await self._ensure_base_adapter(path)  # base requests never share a slot with it
             digest = hashlib.sha256(name.encode()).hexdigest()[:12]
             info = _Version(f"{ADAPTER_PREFIX}{self._run}-u{digest}-v{version}", adapter=path,
                             user_version=version)  # fmt: skip
@@ -538,14 +545,16 @@ class VLLMEngine:
             if not live:
                 raise EngineUnavailableError("no vLLM replica is available")
             try:
+                await self._ensure_base_adapter(path)  # base requests never share its slot
                 await self._on_replicas(live, lambda r: self._load_adapter(r, info.name, path),
                                         "load a user's adapter")  # fmt: skip
             except EngineError as e:
-                if " HTTP 4" in str(e):  # vLLM refused the adapter itself
+                if " HTTP 400" in str(e) or " HTTP 422" in str(e):  # vLLM refused the adapter
                     raise ValueError(str(e)) from e
-                raise
+                raise  # passing (a replica restarting): the same version may be tried again
             self._users.setdefault(name, {})[version] = info
             self._user_latest[name] = version
+            self._user_max[name] = version  # only a version that loaded counts
         await self._retire_idle()
         return version
 
@@ -559,7 +568,8 @@ class VLLMEngine:
             return fut
 
         async def unload() -> None:
-            self._user_latest.pop(name, None)
+            async with self._publish_lock:  # not while a replica is given the users' adapters
+                self._user_latest.pop(name, None)
             await self._retire_idle()
 
         asyncio.run_coroutine_threadsafe(self._settle_with(fut, unload()), self._loop)
@@ -666,7 +676,9 @@ class VLLMEngine:
         flight finish, reload every replica, let the held requests go."""
         self._gate.clear()
         try:
-            while any(v.inflight for v in self._versions.values()):
+            while any(v.inflight for v in self._versions.values()) or any(
+                i.inflight for versions in self._users.values() for i in versions.values()
+            ):  # users' adapter requests run on the base weights too
                 await asyncio.sleep(0.01)
             body = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
             return await self._on_replicas(
