@@ -73,4 +73,4 @@ def test_make_user_validates_llm_settings():
     with pytest.raises(ConfigError, match="--user-url"):
         make_user("teacher", "llm", user_url="localhost:8000", user_model="m")
     with pytest.raises(ConfigError):
-        make_user("parent")
+        make_user("no-such-scenario")

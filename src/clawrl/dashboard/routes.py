@@ -32,9 +32,9 @@ import anyio.to_thread
 from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
+from clawrl.access import key_user, own_session, require_admin
 from clawrl.dashboard.data import PAGE_SIZE_MAX, DashboardSource
 from clawrl.errors import ClientInputError, StoreError
-from clawrl.gateway.auth import key_user, own_session, require_admin
 from clawrl.store.users import MAX_USER_ID_CHARS, user_id_problem
 
 PREFIX = "/dashboard"

@@ -55,7 +55,7 @@ class DemoSettings:
     """What one demo run does.
 
     Attributes:
-        scenario: a built-in scenario's name (``student``, ``teacher``) or a scenario file.
+        scenario: a built-in scenario's name (``student``, ``teacher``, ``parent``) or a scenario file.
         methods: the methods to run, each from the base weights.
         seeds: one run per seed and method (problem split, phrasings, trainer seed).
         steps: training steps per run.

@@ -23,7 +23,7 @@ def make_user(
     """The simulated user of ``scenario``.
 
     Args:
-        scenario: a built-in scenario's name (``student``, ``teacher``), a scenario file, or a
+        scenario: a built-in scenario's name (``student``, ``teacher``, ``parent``), a scenario file, or a
             loaded :class:`~clawrl.envs.scenario.ScenarioSpec`.
         kind: ``rule`` (default: the scenario's rubric and phrase banks) or ``llm`` (an LLM
             role-plays the user; needs ``user_url`` and ``user_model``).

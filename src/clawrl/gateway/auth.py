@@ -11,7 +11,7 @@ user. A request with it is that user's (:func:`clawrl.gateway.users.resolve_user
 another user is a 403) and sees only that user's data: their sessions on the dashboard, feedback
 and session ends on their own turns only (another user's session answers 404, as an unknown
 one); what spans every user (the overview, training and judge pages, ``/metrics``, the shared
-memory) answers 403. The admin key (``--api-key``) sees everything. :func:`key_user` says whose
+memory) answers 403. The admin key (``--api-key``) sees everything. :func:`clawrl.access.key_user` says whose
 key a request presented.
 """
 
@@ -28,7 +28,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from clawrl.errors import ClientInputError, ConfigError
+from clawrl.access import KEY_USER
+from clawrl.errors import ConfigError
 from clawrl.gateway.errors import AuthError, client_shaped, status_and_body
 
 
@@ -123,45 +124,6 @@ def load_user_keys(path: str | Path, *, admin_key: str | None = None) -> dict[st
     return keys
 
 
-def key_user(request: Request) -> str | None:
-    """Whose user key the request presented (``None``: the admin key, or no keys configured:
-    everything is visible)."""
-    value = request.scope.get("state", {}).get(KEY_USER)
-    return value if isinstance(value, str) else None
-
-
-def session_prefix(request: Request) -> str:
-    """The namespace of the sessions of a request made with a user's key (``"USER:"``; ``""``
-    otherwise): every session such a request names or opens is stored under it
-    (:func:`clawrl.gateway.prepare.prepare_messages`), so one user naming a session never
-    reaches another's, nor learns whether it exists."""
-    user = key_user(request)
-    return "" if user is None else f"{user}:"
-
-
-def own_session(request: Request, session_id: str) -> str:
-    """The stored id of a session a client names: under :func:`session_prefix` (an id already
-    in it, as ``x-clawrl-session-id`` answered it, is kept)."""
-    prefix = session_prefix(request)
-    return session_id if session_id.startswith(prefix) else prefix + session_id
-
-
-def require_admin(request: Request, what: str) -> None:
-    """Refuse a request made with a user's key to ``what`` (data of every user).
-
-    Raises:
-        ClientInputError: (403, ``admin_only``) a user's key.
-    """
-    user = key_user(request)
-    if user is not None:
-        raise ClientInputError(f"{what} covers every user and this key is one user's ({user!r}): "
-                               "use the admin key (--api-key)", status=403, code="admin_only")  # fmt: skip
-
-
-KEY_USER = "clawrl_key_user"
-"""Where :class:`ApiKeyMiddleware` leaves the user of a user's key (the request's ``state``)."""
-
-
 def is_loopback(host: str) -> bool:
     """Whether binding ``host`` exposes the server only to this machine.
 
@@ -187,7 +149,7 @@ class ApiKeyMiddleware:
         api_key: the admin key; ``None`` (and no ``user_keys``) lets everything through.
         on_reject: optional ``callable()`` per rejected request (metrics).
         user_keys: users' keys, key -> user id (:func:`load_user_keys`); a request with one
-            carries its user (:func:`key_user`).
+            carries its user (:func:`clawrl.access.key_user`).
     """
 
     OPEN_PATHS = frozenset({"/healthz", "/api/hello"})

@@ -47,6 +47,7 @@ from fastapi.responses import Response
 from starlette.responses import StreamingResponse
 from starlette.types import Send
 
+from clawrl.access import key_user, session_prefix
 from clawrl.chat import ChatMessage, ParsedCompletion, ToolCall, ToolChoice, ToolSpec
 from clawrl.engine import SamplingParams, TokenEvent
 from clawrl.errors import (
@@ -63,7 +64,7 @@ from clawrl.gateway.attribution import (
     retry_count,
     spawning_turn,
 )
-from clawrl.gateway.auth import key_fingerprint, key_user, presented_key, session_prefix
+from clawrl.gateway.auth import key_fingerprint, presented_key
 from clawrl.gateway.choices import StreamedChoice, complete_choice
 from clawrl.gateway.decode import visible_text
 from clawrl.gateway.disconnect import until_disconnected

@@ -24,8 +24,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from clawrl.access import key_user, own_session, require_admin
 from clawrl.errors import ClientInputError
-from clawrl.gateway.auth import key_user, own_session, require_admin
 from clawrl.gateway.state import GatewayState
 from clawrl.policy_version import version_fields
 from clawrl.store import FeedbackRecord, Store

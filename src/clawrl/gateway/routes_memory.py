@@ -25,8 +25,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from clawrl.access import require_admin
 from clawrl.errors import ClientInputError
-from clawrl.gateway.auth import require_admin
 from clawrl.gateway.state import GatewayState
 from clawrl.memory import MemoryKeeper, entry_json
 from clawrl.store import MemoryEntryRecord, MemoryStatus

@@ -26,8 +26,9 @@ from typing import Any
 
 from starlette.requests import Request
 
+from clawrl.access import key_user
 from clawrl.config import UserSourceName
-from clawrl.gateway.auth import key_fingerprint, key_user, presented_key
+from clawrl.gateway.auth import key_fingerprint, presented_key
 from clawrl.gateway.errors import ClientInputError
 from clawrl.store.users import user_id_problem
 
