@@ -491,38 +491,35 @@ class OnlineLearner:
         if created or user not in self._user_learners:
             learner = Learner(trainer, self.store, metrics=self.metrics, user=user)
             meta = learner.restore()
-            self._follow_stored(user, trainer)
+            if meta is None:  # versions recorded by hand: go on from the newest
+                mine = self.store.user_adapter_versions(user)
+                if mine:
+                    try:
+                        load_user_adapter(trainer, mine[-1].weights)
+                    except ConfigError as e:
+                        self.users.forget(user)
+                        raise _AdapterRefused(
+                            f"v{mine[-1].version} ({mine[-1].weights}): {e}"
+                        ) from e
+                    trainer.policy_version = mine[-1].version
             if learner.reconcile(meta):
                 learner.republish()
             self._user_learners[user] = learner
-        else:
-            self._follow_stored(user, trainer)
+        mine = self.store.user_adapter_versions(user)
+        if mine and mine[-1].version > trainer.policy_version:  # recorded by hand since
+            try:
+                load_user_adapter(trainer, mine[-1].weights)
+            except ConfigError as e:
+                self.users.forget(user)
+                self._user_learners.pop(user, None)
+                raise _AdapterRefused(f"v{mine[-1].version} ({mine[-1].weights}): {e}") from e
+            trainer.policy_version = mine[-1].version
+            trainer.reset_optimizer()  # the moments were of other weights
+            log.info("user %r trains on from their version %d recorded by hand", user,
+                     mine[-1].version)  # fmt: skip
         metrics_step = self._user_steps + 1
         metrics = self._train(samples, turn_ids, drops, self._user_learners[user], metrics_step)
         return {**metrics, "step": float(metrics_step), "user/step": float(trainer.step)}
-
-    def _follow_stored(self, user: str, trainer: Trainer) -> None:
-        """Go on from ``user``'s newest recorded version when it is ahead of ``trainer`` (one
-        recorded by hand, with no checkpoint here or since the last one): its weights, a fresh
-        optimizer.
-
-        Raises:
-            _AdapterRefused: :func:`clawrl.trainer.users.load_user_adapter` refused it.
-        """
-        assert self.users is not None
-        mine = self.store.user_adapter_versions(user)
-        if not mine or mine[-1].version <= trainer.policy_version:
-            return
-        try:
-            load_user_adapter(trainer, mine[-1].weights)
-        except ConfigError as e:
-            self.users.forget(user)
-            self._user_learners.pop(user, None)
-            raise _AdapterRefused(f"v{mine[-1].version} ({mine[-1].weights}): {e}") from e
-        trainer.policy_version = mine[-1].version
-        trainer.reset_optimizer()  # the moments were of other weights
-        log.info("user %r trains on from their version %d recorded by hand", user,
-                 mine[-1].version)  # fmt: skip
 
     def _train(
         self,
